@@ -231,6 +231,9 @@ pub struct Node {
     /// The last fence the managers gave this component that it acted on (0: none), told in
     /// every heartbeat and registration: they give it again until it is.
     fenced_by: AtomicU64,
+    /// Drawn when it starts: told in every registration, so that one repeated before its
+    /// answer came gets the same id.
+    start: u64,
 }
 
 impl Node {
@@ -279,6 +282,7 @@ impl Node {
                 links: Mutex::new(Vec::new()),
                 leaving: Mutex::new(None),
                 fenced_by: AtomicU64::new(0),
+                start: splitos_rpc::auth::random_u64(),
             }),
             ep,
         ))
@@ -338,6 +342,7 @@ impl Node {
                 standby: self.standby.load(Ordering::Relaxed),
                 ebbs: splitos_rpc::messenger::served(),
                 fenced_by: self.fenced_by.load(Ordering::Relaxed),
+                start: self.start,
             };
             match self.call_gm(msg) {
                 Ok(r) => {

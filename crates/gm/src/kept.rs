@@ -28,6 +28,10 @@ pub struct Member {
     pub key: Option<[u8; 32]>,
     pub ebbs: Vec<EbbServed>,
     pub files_gone: bool,
+    /// The number its start drew (`X2G_REGISTER.start`): a successor gives a repeated
+    /// registration of that start the same id. (A record of an earlier version, without
+    /// it, cannot be read: that component registers again.)
+    pub start: u64,
 }
 
 #[derive(Serialize, Deserialize)]

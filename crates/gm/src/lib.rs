@@ -101,6 +101,8 @@ struct Entry {
     /// or register again at its address.
     key: Option<[u8; 32]>,
     last: Instant,
+    /// The number its start drew (`X2G_REGISTER.start`).
+    start: u64,
     /// Bytes GMM promised to vRegions since the last heartbeat, so that a burst of placements
     /// between two heartbeats spreads instead of piling onto one stale minimum.
     pending: u64,
@@ -234,9 +236,9 @@ pub struct Gm {
     /// pComponents as lost: one whose view of a process still names it asks the home again
     /// instead of waiting for it.
     detached: kept::Recent<u32>,
-    /// mComponents announced lost to some other live mComponent, each with its fence: only
+    /// mComponents announced lost to some other live component, each with its fence: only
     /// those are fenced when they speak again, since only their copies can have been rebuilt
-    /// elsewhere, and until they act on it.
+    /// elsewhere and their processes taken over, and until they act on it.
     announced: Mutex<std::collections::HashMap<u32, membership::Announced>>,
     /// When the managers last heard any heartbeat: after a stall of their own (paused, cut
     /// off) every component looks silent, and none of them may be taken for lost.
@@ -264,6 +266,8 @@ pub struct Gm {
     election: Option<Arc<election::Election>>,
     /// Their time (the host's, but in a simulation).
     clock: Arc<dyn clock::Clock>,
+    /// When a write to the state the heartbeats' answers need last failed.
+    write_failed_at: Mutex<Option<Instant>>,
 }
 
 impl Gm {

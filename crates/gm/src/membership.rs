@@ -20,6 +20,8 @@ pub(crate) enum MembershipError {
     Keep(anyhow::Error),
     #[error("no component {id} is registered at {addr}")]
     NotRegistered { id: u32, addr: String },
+    #[error("component {id} at {addr} is an earlier start: a live one registered there since")]
+    Replaced { id: u32, addr: String },
     #[error("no live component serves Ebb {id}")]
     EbbNotServed { id: u32 },
 }
@@ -31,6 +33,7 @@ impl Refuse for MembershipError {
             MembershipError::NotItsRole { .. } | MembershipError::OtherCredentials { .. } => ErrCode::Denied,
             MembershipError::Keep(_) => ErrCode::Internal,
             MembershipError::NotRegistered { .. } | MembershipError::EbbNotServed { .. } => ErrCode::NotFound,
+            MembershipError::Replaced { .. } => ErrCode::Denied,
         }
     }
 }
@@ -41,6 +44,9 @@ pub(super) struct Announced {
     pub(super) fence: u64,
     pub(super) told: bool,
 }
+
+/// How long after a failed write to the state the heartbeats' answers try none again.
+const WRITE_BACKOFF: Duration = Duration::from_secs(1);
 
 impl Gm {
     /// Memory of an mComponent that others cannot have: what is charged to mappings
@@ -104,6 +110,7 @@ impl Gm {
                 key: e.key,
                 ebbs: e.ebbs.clone(),
                 files_gone: e.files_gone,
+                start: e.start,
             }),
         )
     }
@@ -138,16 +145,63 @@ impl Gm {
             if announced.get(&id).is_some_and(|a| !a.told) {
                 continue;
             }
+            if !self.may_write() {
+                unkept.push(id);
+                continue;
+            }
             let fence = splitos_rpc::auth::random_u64().max(1);
             match self.store.put(kept::ANNOUNCED, &id.to_string(), Some(&fence)) {
                 Ok(()) => _ = announced.insert(id, Announced { fence, told: false }),
                 Err(e) => {
+                    self.write_failed();
                     tracing::warn!(id, error = %e, "cannot keep an mComponent announced lost in the managers' state: it is not announced yet");
                     unkept.push(id);
                 }
             }
         }
         unkept
+    }
+
+    /// The mComponents an answer to component `to` names lost: those the view holds lost
+    /// (with replication, only once their fence is kept, which this answer keeps if it can:
+    /// a pComponent that hears of the loss gives the processes to their backup homes, and a
+    /// peer rebuilds the copies, so a successor must fence the lost one too).
+    fn told_lost(&self, view: &view::View, to: u32) -> Vec<u32> {
+        let mut lost = view.lost_mcomps.clone();
+        if self.replication != Replication::None {
+            let unkept = self.announce(view.lost_mcomps.iter().copied().filter(|id| *id != to));
+            lost.retain(|id| !unkept.contains(id));
+        }
+        lost
+    }
+
+    /// Whether a write to the state may be tried now while heartbeats wait: not within
+    /// [`WRITE_BACKOFF`] of one that failed (the state unreachable), so that the heartbeats do
+    /// not each wait out its timeout.
+    fn may_write(&self) -> bool {
+        self.write_failed_at
+            .lock()
+            .unwrap()
+            .is_none_or(|t| self.since(t) >= WRITE_BACKOFF)
+    }
+
+    fn write_failed(&self) {
+        *self.write_failed_at.lock().unwrap() = Some(self.now());
+    }
+
+    /// Forgets the fence of mComponent `id`, which no longer exists (detached, or replaced by
+    /// a new start).
+    fn drop_fence(&self, id: u32) {
+        let mut announced = self.announced.lock().unwrap();
+        self.unannounce(&mut announced, id);
+    }
+
+    fn unannounce(&self, announced: &mut std::collections::HashMap<u32, Announced>, id: u32) {
+        if announced.remove(&id).is_some() {
+            if let Err(e) = self.store.put::<u64>(kept::ANNOUNCED, &id.to_string(), None) {
+                tracing::warn!(id, error = %e, "cannot drop an mComponent announced lost from the managers' state");
+            }
+        }
     }
 
     /// The fence mComponent `id` is to act on (0: none), given the last it acted on
@@ -163,10 +217,7 @@ impl Gm {
                 a.fence
             }
             Some(_) => {
-                announced.remove(&id);
-                if let Err(e) = self.store.put::<u64>(kept::ANNOUNCED, &id.to_string(), None) {
-                    tracing::warn!(id, error = %e, "cannot drop an mComponent announced lost from the managers' state");
-                }
+                self.unannounce(&mut announced, id);
                 tracing::info!(id, "an mComponent fenced after it was declared lost acted on its fence");
                 0
             }
@@ -194,6 +245,7 @@ impl Gm {
                 pending: 0,
                 links: Vec::new(),
                 files_gone: m.files_gone,
+                start: m.start,
                 ebbs: m.ebbs,
             })
             .collect())
@@ -243,6 +295,17 @@ impl Gm {
             }
             .into());
         }
+        // A registration under an id these managers do not hold, from the address of a live
+        // component with another: an earlier start's, arriving late (read from the dead
+        // start's connection after the new one registered). It would replace the live start.
+        if r.id != 0
+            && !comps.contains_key(&r.id)
+            && comps
+                .values()
+                .any(|e| e.info.addr == r.addr && e.info.role == r.role && e.info.id != r.id && self.alive(e))
+        {
+            return Err(MembershipError::Replaced { id: r.id, addr: r.addr }.into());
+        }
         let replaces = |e: &Entry| e.info.addr == r.addr && e.info.role == r.role;
         let before: Vec<LostPcomp> = comps
             .values()
@@ -256,16 +319,27 @@ impl Gm {
             .collect();
         let earlier: Vec<u32> = comps.values().filter(|e| replaces(e)).map(|e| e.info.id).collect();
         let taken = |id: u32| id == 0 || comps.get(&id).is_some_and(|e| !replaces(e));
-        let again = !taken(r.id);
+        // The same start registering again without the id its first registration got (that
+        // answer lost, or this request handled after a later one): the same id, not a new
+        // one that would replace it.
+        let asked = match (r.id, r.start) {
+            (0, start) if start != 0 => comps
+                .values()
+                .find(|e| e.info.addr == r.addr && e.info.role == r.role && e.start == start)
+                .map_or(0, |e| e.info.id),
+            (id, _) => id,
+        };
+        let again = !taken(asked);
         let id = if again {
-            r.id
+            asked
         } else {
             std::iter::repeat_with(|| splitos_rpc::auth::random_u64() as u32)
                 .find(|id| !taken(*id))
                 .expect("an endless supply")
         };
         // A detach or drain under way goes on across a registration under the same id (the
-        // managers had lost it, or it started anew, holding nothing): it ends as the admin asked.
+        // managers had lost its registration): it ends as the admin asked. A new start of the
+        // mComponent, under a new id, replaces it: what it held is gone, as after a loss.
         let leaving = comps
             .get(&id)
             .filter(|e| again && replaces(e))
@@ -291,6 +365,7 @@ impl Gm {
             pending: 0,
             links: Vec::new(),
             files_gone: false,
+            start: r.start,
             ebbs,
         };
         drop(comps);
@@ -301,6 +376,7 @@ impl Gm {
         comps.retain(|_, e| !replaces(e));
         for old in earlier.iter().filter(|old| **old != id) {
             self.unkeep(*old);
+            self.drop_fence(*old);
         }
         // A new start of a pComponent in place of an earlier one: the earlier one's programs
         // are gone (the same start registering again keeps its key and id).
@@ -450,35 +526,41 @@ impl Gm {
         // A pComponent closes its direct connections with lost pComponents, and waits for an
         // mComponent that does not answer until it is among the lost ones.
         if role == Role::Proc {
+            let mut lost_mcomps = self.told_lost(&view, r.id);
+            lost_mcomps.extend(&view.detached);
             return Ok(G2X_BEAT {
                 lost: view.lost.clone(),
-                lost_mcomps: view.lost_mcomps.iter().chain(&view.detached).copied().collect(),
+                lost_mcomps,
                 memory: view.memory,
                 vnodes: self.vnodes.version(),
                 cordoned: self.cordons.has(r.id),
                 ..G2X_BEAT::nothing()
             });
         }
-        // Named lost to a peer, which rebuilds its copies, only once its fence is kept: a
-        // successor that did not know of it would take it back unfenced.
-        let mut lost_mcomps = view.lost_mcomps.clone();
-        if self.replication != Replication::None && !fenced {
-            let unkept = self.announce(view.lost_mcomps.iter().copied().filter(|id| *id != r.id));
-            lost_mcomps.retain(|id| !unkept.contains(id));
-        }
+        // One fenced now drops everything, rebuilding nothing: it is told the lost as they are.
+        let lost_mcomps = match fenced {
+            true => view.lost_mcomps.clone(),
+            false => self.told_lost(&view, r.id),
+        };
         // Told to exit once its departure is kept: a successor tells it again if this answer
         // is lost (else it would register anew, an ordinary member, its detach never ended).
         let exit = exit
-            && self
-                .detached
-                .keep(r.id)
-                .inspect_err(|e| tracing::warn!(id = r.id, error = %e, "cannot keep a detached mComponent's departure in the managers' state: it exits at a later heartbeat"))
-                .is_ok();
+            && self.may_write()
+            && {
+                let kept = self.detached.keep(r.id);
+                if let Err(e) = &kept {
+                    self.write_failed();
+                    tracing::warn!(id = r.id, error = %e, "cannot keep a detached mComponent's departure in the managers' state: it exits at a later heartbeat");
+                }
+                kept.is_ok()
+            };
         if exit {
             // Forgotten before it goes: its silence is no loss, and nothing is rebuilt.
             comps.shift_remove(&r.id);
             self.views.changed();
             self.unkeep(r.id);
+            // It can no longer name a fence back: gone, it needs none.
+            self.drop_fence(r.id);
             crate::series::MCOMPONENTS_DETACHED.increment(1);
             tracing::info!(id = r.id, addr = %r.addr, "mComponent detached: it holds nothing any more and exits");
         }

@@ -100,6 +100,7 @@ impl Gm {
             rpc: Rpc::new(t.clone(), CONTROL_TIMEOUT),
             election,
             clock,
+            write_failed_at: Mutex::new(None),
         });
         let resumed = gm.comps.lock().unwrap().len();
         crate::series::COMPONENTS_RESUMED.set(resumed as f64);

@@ -5,7 +5,9 @@
 //! generator sharing the cores. Components register at a steady rate, then heartbeat every
 //! 300 ms at phases of their own; placement questions come at a steady rate; `fail`
 //! mComponents fall silent halfway through the window. The time each request takes the
-//! managers is measured on the host's clock; everything else runs in simulated time.
+//! managers is measured on the host's clock; everything else runs in simulated time. The
+//! managers run with `splitos gm`'s defaults (no replication, as the over-the-wire runs'
+//! cluster), so losses are told without fences to keep.
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -217,6 +219,7 @@ pub fn run(s: &Scale) -> anyhow::Result<serde_json::Value> {
                 standby: false,
                 ebbs: Vec::new(),
                 fenced_by: 0,
+                start: 0,
             }),
             Event::Beat(i) => {
                 if failing.contains(&i) && at >= fail_at {
@@ -301,6 +304,7 @@ pub fn run(s: &Scale) -> anyhow::Result<serde_json::Value> {
     let registered_s = (register_every * s.components as u32).as_secs_f64();
     Ok(serde_json::json!({
         "simulated": true,
+        "seed": s.seed,
         "components": s.components,
         "hosts": s.hosts,
         "heartbeat_ms": HEARTBEAT.as_millis() as u64,

@@ -101,6 +101,7 @@ impl Rig {
                 standby: false,
                 ebbs: Vec::new(),
                 fenced_by: 0,
+                start: 0,
             })
             .map(|r| r.id)
             .map_err(|e| e.code)
@@ -713,6 +714,7 @@ fn a_follower_answers_who_leads_and_reads_and_refuses_the_rest_naming_the_leader
             standby: false,
             ebbs: Vec::new(),
             fenced_by: 0,
+            start: 0,
         })
     };
     let token = r.gm.tokens.create("ops", true, Vec::new()).unwrap();

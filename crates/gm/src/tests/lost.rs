@@ -101,3 +101,41 @@ fn a_detach_goes_on_across_a_registration_under_its_id_until_the_mcomponent_exit
         "a new member, not leaving"
     );
 }
+
+/// A registration without an id repeated under the same start (its answer lost, or handled
+/// after a later one) gets the id the first got, also from a successor; one of an earlier
+/// start under its old id, arriving after a new start registered at its address, is refused
+/// while the new one is alive, rather than replacing it.
+#[test]
+fn a_repeated_registration_keeps_its_id_and_a_late_one_of_an_earlier_start_replaces_nothing() {
+    let r = Rig::new(|_| {});
+    let addr = "10.0.0.1:7000";
+    let register = |r: &Rig, id: u32, start: u64| {
+        r.gm.register(X2G_REGISTER {
+            role: Role::Mem,
+            addr: addr.into(),
+            shim_sock: None,
+            nics: Vec::new(),
+            load: Load::default(),
+            id,
+            metrics: None,
+            standby: false,
+            ebbs: Vec::new(),
+            fenced_by: 0,
+            start,
+        })
+        .map(|g| g.id)
+        .map_err(|e| e.code)
+    };
+    let first = register(&r, 0, 11).unwrap();
+    assert_eq!(register(&r, 0, 11), Ok(first), "the same start again: the same id");
+    let r = r.restart();
+    assert_eq!(register(&r, 0, 11), Ok(first), "also from a successor");
+    let renewed = register(&r, 0, 12).unwrap();
+    assert_ne!(renewed, first, "a new start: a new id, replacing the first");
+    assert_eq!(register(&r, first, 11), Err(ErrCode::Denied), "the earlier start, late");
+    assert_eq!(
+        r.beat(renewed, addr, Load::default()).map(|_| ()).map_err(|e| e.code),
+        Ok(())
+    );
+}

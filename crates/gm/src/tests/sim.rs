@@ -63,11 +63,6 @@ struct Comp {
     left: Option<u32>,
     /// The admin detached it: it is to exit (or crash).
     detaching: bool,
-    /// The managers told it to exit (the answer may have been lost): a new start after that
-    /// is a new member.
-    told_exit: bool,
-    /// The first call of its current start: calls numbered below were its earlier start's.
-    first_call: u64,
     /// When answers made from then on must fence it first: the managers announced it lost to
     /// another mComponent, which rebuilds its copies.
     must_fence: Option<Instant>,
@@ -75,6 +70,8 @@ struct Comp {
     fenced_by: u64,
     /// Its last call asked for a home.
     picked: bool,
+    /// The number its current start drew (its registrations carry it).
+    start: u64,
 }
 
 enum Flight {
@@ -110,6 +107,11 @@ struct Sim {
     /// mComponents the admin detached, or told to exit: pComponents hear of them among the
     /// lost ones once they exit, however recently they were heard.
     detached: BTreeSet<u32>,
+    /// Ids of components started anew under another: named lost at once, as replaced.
+    replaced: BTreeSet<u32>,
+    /// The id the managers last gave each component that registered without one (its answer
+    /// may have been lost: a registration after it replaces it).
+    given: BTreeMap<usize, u32>,
 }
 
 fn is_leader_only(msg: &Msg) -> bool {
@@ -168,11 +170,10 @@ impl Sim {
                 next: start + Duration::from_millis(10 * i as u64),
                 left: None,
                 detaching: false,
-                told_exit: false,
-                first_call: 0,
                 must_fence: None,
                 fenced_by: 0,
                 picked: false,
+                start: 1 + i as u64,
             })
             .collect();
         Sim {
@@ -189,6 +190,8 @@ impl Sim {
             trace: Vec::new(),
             start,
             detached: BTreeSet::new(),
+            replaced: BTreeSet::new(),
+            given: BTreeMap::new(),
         }
     }
 
@@ -279,6 +282,7 @@ impl Sim {
                 standby: false,
                 ebbs: Vec::new(),
                 fenced_by: k.fenced_by,
+                start: k.start,
             });
         }
         // A pComponent asks for homes between its heartbeats (which a real one sends from a
@@ -382,8 +386,14 @@ impl Sim {
         let leader_only = is_leader_only(&msg);
         let name = msg.name();
         let heartbeat = matches!(msg, Msg::X2G_HEARTBEAT(_));
+        // The id the request was sent under: a late one of an earlier start has its own.
+        let id = match &msg {
+            Msg::X2G_HEARTBEAT(r) => r.id,
+            Msg::X2G_REGISTER(r) => r.id,
+            Msg::P2G_PICK_HOME(r) => r.pcomp,
+            _ => self.comps[c].id,
+        };
         let answer = manager.handle(msg);
-        let id = self.comps[c].id;
         if leader_only && !matches!(answer, Msg::ERR(_)) {
             // Invariant: only the manager whose lease is live at the keeper answers for the
             // cluster.
@@ -398,7 +408,7 @@ impl Sim {
                     ),
                 );
             }
-            self.check_answer(seed, m, c, &answer);
+            self.check_answer(seed, m, c, id, &answer);
         }
         if heartbeat && manager.leading().is_some() {
             let g = &mut self.mgrs[m];
@@ -409,20 +419,20 @@ impl Sim {
             }
             g.last_any = Some(now);
         }
-        if matches!(answer, Msg::G2X_BEAT(_) | Msg::G2X_REGISTERED(_)) {
-            self.mgrs[m].heard.insert(id, now);
+        match &answer {
+            Msg::G2X_BEAT(_) => _ = self.mgrs[m].heard.insert(id, now),
+            Msg::G2X_REGISTERED(r) => _ = self.mgrs[m].heard.insert(r.id, now),
+            _ => {}
         }
-        // Told to exit, it has left the membership: its detach ended, and a new start at its
-        // address is a new member.
+        if let (0, Msg::G2X_REGISTERED(r)) = (id, &answer) {
+            if let Some(earlier) = self.given.insert(c, r.id).filter(|e| *e != r.id) {
+                self.replaced.insert(earlier);
+            }
+        }
+        // Told to exit, it has left the membership: its detach ended.
         if matches!(&answer, Msg::G2X_BEAT(b) if b.exit) {
             self.detached.insert(id);
             self.mgrs[m].detaching.remove(&id);
-            // A call of an earlier start, late: the detach ended, and this start registered
-            // or registers as a new member.
-            match seq < self.comps[c].first_call {
-                true => self.comps[c].detaching = false,
-                false => self.comps[c].told_exit = true,
-            }
         }
         let cut = self.cut(c, m);
         self.send(
@@ -437,7 +447,7 @@ impl Sim {
     }
 
     /// Invariants of an answer leader `m` made for component `c`.
-    fn check_answer(&mut self, seed: u64, m: usize, c: usize, answer: &Msg) {
+    fn check_answer(&mut self, seed: u64, m: usize, c: usize, sender: u32, answer: &Msg) {
         let now = self.now();
         let g = &self.mgrs[m];
         let alive = |id: u32| {
@@ -450,7 +460,10 @@ impl Sim {
         match answer {
             Msg::G2X_BEAT(b) => {
                 // Nothing heard of within the silence limit is named lost.
-                let told = b.lost_mcomps.iter().filter(|x| !self.detached.contains(x));
+                let told = b
+                    .lost_mcomps
+                    .iter()
+                    .filter(|x| !self.detached.contains(x) && !self.replaced.contains(x));
                 for lost in b.lost.iter().map(|l| l.id).chain(told.copied()) {
                     if let Some(t) = g
                         .heard
@@ -499,8 +512,8 @@ impl Sim {
                 }
                 self.world.count("homes picked");
             }
-            Msg::G2X_REGISTERED(r) if r.id != self.comps[c].id => {
-                let want = self.comps[c].id;
+            Msg::G2X_REGISTERED(r) if sender != 0 && r.id != sender => {
+                let want = sender;
                 self.fail(seed, format!("component {want} registering again got id {}", r.id));
             }
             _ => {}
@@ -549,7 +562,10 @@ impl Sim {
         }
         let k = &mut self.comps[c];
         match msg {
-            Msg::G2X_REGISTERED(_) => k.registered = true,
+            Msg::G2X_REGISTERED(r) => {
+                k.registered = true;
+                k.id = r.id;
+            }
             Msg::G2X_BEAT(b) => {
                 if b.exit {
                     k.up = Up::Exited;

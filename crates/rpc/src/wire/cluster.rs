@@ -281,7 +281,10 @@ message_types! {
     /// `standby`: an mComponent that joins cordoned, for the admin to attach.
     /// `ebbs`: the Ebbs whose messages it serves, for the global id map.
     /// `fenced_by`: the last fence the sender acted on (0: none), as in `X2G_HEARTBEAT`.
-    X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub nics: Vec<IpAddr>, pub load: Load, pub id: u32, pub metrics: Option<String>, pub standby: bool, pub ebbs: Vec<EbbServed>, pub fenced_by: u64 };
+    /// `start`: a number the sender drew when it started: a registration without an `id`
+    /// repeated under the same start (its answer lost, or handled after a later one) gets the
+    /// id the first got, rather than a new one that would replace it.
+    X2G_REGISTER { pub role: Role, pub addr: String, pub shim_sock: Option<String>, pub nics: Vec<IpAddr>, pub load: Load, pub id: u32, pub metrics: Option<String>, pub standby: bool, pub ebbs: Vec<EbbServed>, pub fenced_by: u64, pub start: u64 };
     /// `fence`: as in `G2X_BEAT`, for an mComponent that registers again after it was
     /// declared lost (and forgotten).
     /// `vnodes`: the version of the vNodes' table, as in `G2X_BEAT`.

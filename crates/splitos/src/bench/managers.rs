@@ -285,6 +285,7 @@ fn sender(t: usize, senders: usize, plan: &Plan, seen: &Seen) {
                     standby: false,
                     ebbs: Vec::new(),
                     fenced_by: 0,
+                    start: 0,
                 };
                 match rpc.call(&plan.gm, reg) {
                     Ok(r) => {

@@ -147,6 +147,7 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
                 standby: false,
                 ebbs: Vec::new(),
                 fenced_by: 0,
+                start: 0,
             }
             .into(),
         ),
@@ -304,6 +305,7 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
             standby: false,
             ebbs: Vec::new(),
             fenced_by: 0,
+            start: 0,
         }
         .into(),
     ) {

@@ -51,19 +51,21 @@ impl Sim {
                 self.note("components paused", format!("component {id} paused for {d:?}"));
             }
             6 if self.comps[c].up == Up::Crashed => {
-                // A new start: it registers again with the id it had.
+                // A new start, which the managers give a new id: it replaces the one at its
+                // address, whose detach and copies went with it, and holds nothing.
+                let old = self.comps[c].id;
+                self.replaced.insert(old);
                 let k = &mut self.comps[c];
+                k.id = 0;
+                k.start += 1000;
                 k.up = Up::Running;
                 k.registered = false;
                 k.left = None;
-                // Its detach goes on, unless the managers had told it to exit already.
-                k.detaching &= !k.told_exit;
-                k.told_exit = false;
-                k.first_call = self.order + 1;
+                k.detaching = false;
+                k.must_fence = None;
                 k.fenced_by = 0;
                 k.next = now;
-                let id = k.id;
-                self.note("components restarted", format!("component {id} starts again"));
+                self.note("components restarted", format!("component {old} starts again"));
             }
             7 => self.detach(c),
             _ => {

@@ -8,8 +8,8 @@ pub(super) struct Kv {
     pub(super) now: Instant,
     pub(super) revision: i64,
     pub(super) keys: BTreeMap<String, Held>,
-    /// Each lease with when it expires.
-    pub(super) leases: BTreeMap<i64, Instant>,
+    /// Each lease with when it expires, and its time to live.
+    pub(super) leases: BTreeMap<i64, (Instant, Duration)>,
 }
 
 impl Kv {
@@ -20,7 +20,7 @@ impl Kv {
         let gone: Vec<i64> = self
             .leases
             .iter()
-            .filter(|(_, e)| **e <= now)
+            .filter(|(_, (e, _))| *e <= now)
             .map(|(l, _)| *l)
             .collect();
         for l in gone {
@@ -40,7 +40,7 @@ impl Kv {
         let h = self.keys.get("leader")?;
         self.leases
             .get(&h.lease)
-            .filter(|e| **e > self.now)
+            .filter(|(e, _)| *e > self.now)
             .map(|_| (String::from_utf8_lossy(&h.value).into_owned(), h.revision))
     }
 }
@@ -115,7 +115,7 @@ impl Keeper for SimKeeper {
             kv.revision += 1;
             let id = kv.revision;
             let expires = kv.now + ttl;
-            kv.leases.insert(id, expires);
+            kv.leases.insert(id, (expires, ttl));
             Ok(id)
         })
     }
@@ -123,7 +123,7 @@ impl Keeper for SimKeeper {
     fn keep_alive(&self, lease: i64) -> anyhow::Result<bool> {
         self.op(|kv| {
             let now = kv.now;
-            Ok(kv.leases.get_mut(&lease).map(|e| *e = now + LEASE).is_some())
+            Ok(kv.leases.get_mut(&lease).map(|(e, ttl)| *e = now + *ttl).is_some())
         })
     }
 
