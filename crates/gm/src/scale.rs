@@ -72,10 +72,68 @@ impl Backend for Counted {
     }
 }
 
+/// A component both runs of the benchmark play (`bench-managers` over the wire, and here):
+/// component `i` of `hosts` is on host `i % hosts`, each a loopback address of its own; the
+/// first on a host is its pComponent, the second an sComponent on every tenth host, the rest
+/// mComponents.
+pub struct Played {
+    pub role: Role,
+    pub addr: String,
+    pub load: Load,
+}
+
+/// The role of component `i` of `hosts`.
+pub fn role(i: usize, hosts: usize) -> Role {
+    match (i / hosts, i % hosts) {
+        (0, _) => Role::Proc,
+        (1, host) if host % 10 == 0 => Role::Storage,
+        _ => Role::Mem,
+    }
+}
+
+/// Component `i` of `hosts`, memory taken drawn from `rng`.
+pub fn played(i: usize, hosts: usize, rng: &mut impl Rng) -> Played {
+    let (host, k) = (i % hosts, i / hosts);
+    let role = role(i, hosts);
+    let capacity: u64 = if role == Role::Mem { 64 << 30 } else { 1 << 30 };
+    let used = rng.random_range(0..capacity / 2);
+    Played {
+        role,
+        addr: format!(
+            "127.{}.{}.{}:{}",
+            1 + host / 65536,
+            (host / 256) % 256,
+            host % 256,
+            7000 + k
+        ),
+        load: Load {
+            capacity,
+            committed: used,
+            used,
+            ..Load::default()
+        },
+    }
+}
+
+/// The `fail` mComponents that fall silent halfway through the window, each on a host of its
+/// own (the first hosts that have one).
+pub fn failing(components: usize, hosts: usize, fail: usize) -> anyhow::Result<HashSet<usize>> {
+    let mut chosen: Vec<usize> = Vec::new();
+    for i in (0..components).filter(|&i| role(i, hosts) == Role::Mem) {
+        if chosen.len() < fail && chosen.iter().all(|&j| j % hosts != i % hosts) {
+            chosen.push(i);
+        }
+    }
+    anyhow::ensure!(
+        chosen.len() == fail,
+        "--fail {fail}: only {} hosts have an mComponent",
+        chosen.len()
+    );
+    Ok(chosen.into_iter().collect())
+}
+
 struct Comp {
-    role: Role,
-    addr: String,
-    load: Load,
+    played: Played,
     id: u32,
     phase: Duration,
 }
@@ -131,52 +189,13 @@ pub fn run(s: &Scale) -> anyhow::Result<serde_json::Value> {
     )?;
     let mut rng = StdRng::seed_from_u64(s.seed);
     let mut comps: Vec<Comp> = (0..s.components)
-        .map(|i| {
-            let (host, k) = (i % s.hosts, i / s.hosts);
-            let role = match k {
-                0 => Role::Proc,
-                1 if host % 10 == 0 => Role::Storage,
-                _ => Role::Mem,
-            };
-            let capacity: u64 = if role == Role::Mem { 64 << 30 } else { 1 << 30 };
-            let used = rng.random_range(0..capacity / 2);
-            Comp {
-                role,
-                addr: format!(
-                    "127.{}.{}.{}:{}",
-                    1 + host / 65536,
-                    (host / 256) % 256,
-                    host % 256,
-                    7000 + k
-                ),
-                load: Load {
-                    capacity,
-                    committed: used,
-                    used,
-                    ..Load::default()
-                },
-                id: 0,
-                phase: HEARTBEAT.mul_f64(rng.random::<f64>()),
-            }
+        .map(|i| Comp {
+            played: played(i, s.hosts, &mut rng),
+            id: 0,
+            phase: HEARTBEAT.mul_f64(rng.random::<f64>()),
         })
         .collect();
-    // One failing mComponent on each of the first `fail` hosts that has one.
-    let failing: HashSet<usize> = (0..s.components)
-        .filter(|&i| comps[i].role == Role::Mem)
-        .fold(Vec::<usize>::new(), |mut v, i| {
-            if v.len() < s.fail && v.iter().all(|&j| j % s.hosts != i % s.hosts) {
-                v.push(i);
-            }
-            v
-        })
-        .into_iter()
-        .collect();
-    anyhow::ensure!(
-        failing.len() == s.fail,
-        "--fail {}: only {} hosts have an mComponent",
-        s.fail,
-        failing.len()
-    );
+    let failing = failing(s.components, s.hosts, s.fail)?;
     let register_every = Duration::from_secs(1).div_f64(s.registrations_per_s as f64);
     let open = register_every * s.components as u32 + WARMUP;
     let close = open + Duration::from_secs(s.seconds);
@@ -209,11 +228,11 @@ pub fn run(s: &Scale) -> anyhow::Result<serde_json::Value> {
         let in_window = at >= open;
         let msg = match event {
             Event::Register(i) => Msg::X2G_REGISTER(X2G_REGISTER {
-                role: comps[i].role,
-                addr: comps[i].addr.clone(),
+                role: comps[i].played.role,
+                addr: comps[i].played.addr.clone(),
                 shim_sock: None,
                 nics: Vec::new(),
-                load: comps[i].load.clone(),
+                load: comps[i].played.load.clone(),
                 id: 0,
                 metrics: None,
                 standby: false,
@@ -228,8 +247,8 @@ pub fn run(s: &Scale) -> anyhow::Result<serde_json::Value> {
                 events.push(Reverse((at + HEARTBEAT, Event::Beat(i))));
                 Msg::X2G_HEARTBEAT(X2G_HEARTBEAT {
                     id: comps[i].id,
-                    addr: comps[i].addr.clone(),
-                    load: comps[i].load.clone(),
+                    addr: comps[i].played.addr.clone(),
+                    load: comps[i].played.load.clone(),
                     links: Vec::new(),
                     leaving: None,
                     ebbs: Vec::new(),
@@ -262,7 +281,7 @@ pub fn run(s: &Scale) -> anyhow::Result<serde_json::Value> {
         match (event, answer) {
             (Event::Register(i), Msg::G2X_REGISTERED(r)) => {
                 comps[i].id = r.id;
-                if comps[i].role == Role::Mem {
+                if comps[i].played.role == Role::Mem {
                     mems.push(r.id);
                 }
                 register.0.push(ns);

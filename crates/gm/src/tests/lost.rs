@@ -2,18 +2,25 @@
 //! detached, and that it outlives a lost answer, a registration again and a restart.
 use super::*;
 
+const ADDRS: [&str; 3] = ["10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000"];
+
+/// Managers with replicas, a 2 s silence limit, and three mComponents registered.
+fn three_replicated() -> (Rig, [&'static str; 3], Vec<u32>) {
+    let r = Rig::new(|c| {
+        c.reclaim_dead_ms = 2_000;
+        c.replication = Some(Replication::Replica);
+    });
+    let m = ADDRS.iter().map(|a| r.join(Role::Mem, a, GIB)).collect();
+    (r, ADDRS, m)
+}
+
 /// The heartbeats' answers share a view of the cluster for up to 100 ms (view.rs); an
 /// mComponent back after it was declared lost must not be named lost by an answer made from the
 /// view before it came back: its peers would announce it again, and its next heartbeat would
 /// fence it a second time, dropping copies rebuilt onto it meanwhile.
 #[test]
 fn an_mcomponent_back_after_its_loss_is_fenced_once_and_no_later_answer_names_it_lost() {
-    let r = Rig::new(|c| {
-        c.reclaim_dead_ms = 2_000;
-        c.replication = Some(Replication::Replica);
-    });
-    let addrs = ["10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000"];
-    let m: Vec<u32> = addrs.iter().map(|a| r.join(Role::Mem, a, GIB)).collect();
+    let (r, addrs, m) = three_replicated();
     let beat = |i: usize| r.beat(m[i], addrs[i], Load::default()).unwrap();
     r.silent(m[0], Duration::from_millis(2_100));
     assert_eq!(beat(1).lost_mcomps, vec![m[0]], "declared lost, and so announced");
@@ -41,12 +48,7 @@ fn an_mcomponent_back_after_its_loss_is_fenced_once_and_no_later_answer_names_it
 /// the managers; once named back it ends, and a later loss brings a new one.
 #[test]
 fn a_fence_is_told_again_until_the_mcomponent_names_it_back_also_after_a_restart_of_the_managers() {
-    let r = Rig::new(|c| {
-        c.reclaim_dead_ms = 2_000;
-        c.replication = Some(Replication::Replica);
-    });
-    let addrs = ["10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000"];
-    let m: Vec<u32> = addrs.iter().map(|a| r.join(Role::Mem, a, GIB)).collect();
+    let (r, addrs, m) = three_replicated();
     r.silent(m[0], Duration::from_millis(2_100));
     assert_eq!(r.beat(m[1], addrs[1], Load::default()).unwrap().lost_mcomps, vec![m[0]]);
     let unheard = |r: &Rig| r.beat_naming(m[0], addrs[0], Load::default(), 0).unwrap().fence;

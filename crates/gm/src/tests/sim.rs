@@ -397,17 +397,7 @@ impl Sim {
         if leader_only && !matches!(answer, Msg::ERR(_)) {
             // Invariant: only the manager whose lease is live at the keeper answers for the
             // cluster.
-            let holder = self.leader_at_keeper();
-            if holder.as_ref() != Some(&(self.mgrs[m].addr.clone(), election.term())) {
-                self.fail(
-                    seed,
-                    format!(
-                        "manager {} answered {name} of component {id} in term {} while the keeper's live leader is {holder:?}",
-                        self.mgrs[m].addr,
-                        election.term()
-                    ),
-                );
-            }
+            self.check_leads(seed, m, election.term(), &format!("answered {name} of component {id}"));
             self.check_answer(seed, m, c, id, &answer);
         }
         if heartbeat && manager.leading().is_some() {
@@ -603,21 +593,22 @@ impl Sim {
         let leading: Vec<usize> = (0..MANAGERS)
             .filter(|m| self.mgrs[*m].run.as_ref().is_some_and(|(e, _)| e.leading()))
             .collect();
-        if !leading.is_empty() {
-            let holder = self.leader_at_keeper();
-            for m in leading {
-                let (e, _) = self.mgrs[m].run.as_ref().unwrap();
-                if holder.as_ref() != Some(&(self.mgrs[m].addr.clone(), e.term())) {
-                    self.fail(
-                        seed,
-                        format!(
-                            "manager {} takes itself for the leader in term {} while the keeper's live leader is {holder:?}",
-                            self.mgrs[m].addr,
-                            e.term()
-                        ),
-                    );
-                }
-            }
+        for m in leading {
+            let term = self.mgrs[m].run.as_ref().unwrap().0.term();
+            self.check_leads(seed, m, term, "takes itself for the leader");
+        }
+    }
+
+    /// Fails unless manager `m`, which `did` something leaders do in `term`, holds the keeper's
+    /// leader key in that term under a live lease.
+    fn check_leads(&self, seed: u64, m: usize, term: i64, did: &str) {
+        let holder = self.leader_at_keeper();
+        if holder.as_ref() != Some(&(self.mgrs[m].addr.clone(), term)) {
+            let addr = &self.mgrs[m].addr;
+            self.fail(
+                seed,
+                format!("manager {addr} {did} in term {term} while the keeper's live leader is {holder:?}"),
+            );
         }
     }
 

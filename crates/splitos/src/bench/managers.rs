@@ -19,7 +19,8 @@ use hdrhistogram::Histogram;
 use super::hist;
 use rand::Rng;
 use splitos_core::node::HEARTBEAT;
-use splitos_rpc::{Load, Role, Rpc, TransportConfig, M2G_PICK_OWNER, P2G_PICK_HOME, X2G_HEARTBEAT, X2G_REGISTER};
+use splitos_gm::scale::{failing, played, Played};
+use splitos_rpc::{Role, Rpc, TransportConfig, M2G_PICK_OWNER, P2G_PICK_HOME, X2G_HEARTBEAT, X2G_REGISTER};
 
 /// What `splitos bench-managers` is asked to simulate.
 #[derive(clap::Args, Debug, Clone)]
@@ -71,46 +72,6 @@ const LATE: Duration = Duration::from_millis(100);
 const REGISTERING: Duration = Duration::from_secs(300);
 /// Time given to every component's beats after the last registered, before the window opens.
 const WARMUP: Duration = Duration::from_secs(2);
-
-struct Sim {
-    role: Role,
-    addr: String,
-    capacity: u64,
-    used: u64,
-}
-
-fn sim(i: usize, hosts: usize) -> Sim {
-    let (host, k) = (i % hosts, i / hosts);
-    let role = match k {
-        0 => Role::Proc,
-        1 if host % 10 == 0 => Role::Storage,
-        _ => Role::Mem,
-    };
-    let mut rng = rand::rng();
-    let capacity = if role == Role::Mem { 64 << 30 } else { 1 << 30 };
-    Sim {
-        role,
-        addr: format!(
-            "127.{}.{}.{}:{}",
-            1 + host / 65536,
-            (host / 256) % 256,
-            host % 256,
-            7000 + k
-        ),
-        capacity,
-        used: rng.random_range(0..capacity / 2),
-    }
-}
-
-fn load(s: &Sim) -> Load {
-    Load {
-        threads: 0,
-        processes: 0,
-        capacity: s.capacity,
-        committed: s.used,
-        used: s.used,
-    }
-}
 
 fn summary(h: &Histogram<u64>) -> serde_json::Value {
     let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
@@ -240,8 +201,8 @@ fn sender(t: usize, senders: usize, plan: &Plan, seen: &Seen) {
     let mine: Vec<usize> = (0..a.components)
         .filter(|i| (i % a.hosts) % conns % senders == t)
         .collect();
-    let sims: Vec<Sim> = mine.iter().map(|&i| sim(i, a.hosts)).collect();
     let mut rng = rand::rng();
+    let sims: Vec<Played> = mine.iter().map(|&i| played(i, a.hosts, &mut rng)).collect();
     let mut order: Vec<(Duration, usize)> = (0..mine.len())
         .map(|k| (HEARTBEAT.mul_f64(rng.random::<f64>()), k))
         .collect();
@@ -279,7 +240,7 @@ fn sender(t: usize, senders: usize, plan: &Plan, seen: &Seen) {
                     addr: s.addr.clone(),
                     shim_sock: None,
                     nics: Vec::new(),
-                    load: load(s),
+                    load: s.load.clone(),
                     id: 0,
                     metrics: None,
                     standby: false,
@@ -303,7 +264,7 @@ fn sender(t: usize, senders: usize, plan: &Plan, seen: &Seen) {
             let beat = X2G_HEARTBEAT {
                 id,
                 addr: s.addr.clone(),
-                load: load(s),
+                load: s.load.clone(),
                 links: Vec::new(),
                 leaving: None,
                 ebbs: Vec::new(),
@@ -448,20 +409,7 @@ pub fn managers(args: ManagersArgs, admin: &Path) -> anyhow::Result<()> {
         .map(|_| splitos_core::node::client_rpc(&t, creds.clone(), Duration::from_secs(5)))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let control = splitos_core::node::client_rpc(&t, creds, Duration::from_secs(5))?;
-    // The mComponents that fall silent, each on a host of its own.
-    let failing: HashSet<usize> = (0..args.components)
-        .filter(|&i| sim(i, args.hosts).role == Role::Mem)
-        .fold(Vec::<usize>::new(), |mut v, i| {
-            if v.len() < args.fail && !v.iter().any(|&j| j % args.hosts == i % args.hosts) {
-                v.push(i);
-            }
-            v
-        })
-        .into_iter()
-        .collect();
-    if failing.len() < args.fail {
-        anyhow::bail!("--fail {}: only {} hosts have an mComponent", args.fail, failing.len());
-    }
+    let failing = failing(args.components, args.hosts, args.fail)?;
     let plan = Plan {
         ids: (0..args.components).map(|_| AtomicU32::new(0)).collect(),
         args,
