@@ -464,10 +464,9 @@ fn the_rest_api_and_the_dashboard_follow_the_leader_when_it_is_killed() {
 }
 
 /// `splitos bench-managers --simulated` runs the real managers in its own process, in simulated
-/// time, under the components it plays (a window long enough that the one failing halfway is
-/// named lost within it: 7 s after it falls silent, past the 5 s limit): every component registers and heartbeats, the failed
-/// mComponent is named lost after the silence limit, no other is; asked for managers to load
-/// as well, it refuses.
+/// time, under the components it plays: every component registers and heartbeats, the failed
+/// mComponent is named lost after the silence limit (within the window: 7 s after it falls
+/// silent, past the 5 s limit), no other is; asked for managers to load as well, it refuses.
 #[test]
 fn bench_managers_simulated_runs_the_real_managers_in_simulated_time() {
     let out = std::process::Command::new(splitos())
