@@ -4,6 +4,7 @@
 //! thread-per-connection way hold here too: credits (frames beyond them stay in the socket),
 //! the frame timeout (a frame begun must arrive within it), and a peer that stops reading its
 //! answers is closed once they stop draining for as long.
+use std::cell::RefCell;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
@@ -443,11 +444,17 @@ impl LoopConn {
     }
 }
 
-/// Appends up to [`READ_STEP`] bytes from `s` to `buf`.
+/// Appends up to [`READ_STEP`] bytes from `s` to `buf`, read through a buffer of the loop's
+/// thread: growing `buf` by a zeroed [`READ_STEP`] at every read, where most bring a
+/// heartbeat's hundred bytes and every last one none, was a third of the managers' CPU at
+/// 10,000 components.
 fn read_into(mut s: &TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
-    let at = buf.len();
-    buf.resize(at + READ_STEP, 0);
-    let r = s.read(&mut buf[at..]);
-    buf.truncate(at + *r.as_ref().unwrap_or(&0));
-    r
+    thread_local! {
+        static SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0; READ_STEP].into_boxed_slice());
+    }
+    SCRATCH.with_borrow_mut(|scratch| {
+        let n = s.read(scratch)?;
+        buf.extend_from_slice(&scratch[..n]);
+        Ok(n)
+    })
 }
