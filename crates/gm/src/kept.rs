@@ -100,6 +100,25 @@ impl<T: Serialize + DeserializeOwned + Clone> Recent<T> {
         Ok(())
     }
 
+    /// Tells `item` no more (nor does a successor): it is back.
+    pub fn forget(&self, item: &T)
+    where
+        T: PartialEq,
+    {
+        self.items.lock().unwrap().retain(|(t, _, key)| {
+            if t != item {
+                return true;
+            }
+            if let Err(e) = match key.is_empty() {
+                true => Ok(()),
+                false => self.store.put::<Dated<T>>(self.table, key, None),
+            } {
+                tracing::warn!(table = self.table.0, error = %e, "cannot drop a departure from the managers' state; a successor tells it for the rest of its time");
+            }
+            false
+        });
+    }
+
     /// The departures of the last `keep`; older ones are dropped.
     pub fn current(&self) -> Vec<T> {
         let mut items = self.items.lock().unwrap();

@@ -374,6 +374,7 @@ impl Gm {
         self.keep(&e).map_err(MembershipError::Keep)?;
         let mut comps = self.comps();
         comps.retain(|_, e| !replaces(e));
+        let replacing = !earlier.is_empty();
         for old in earlier.iter().filter(|old| **old != id) {
             self.unkeep(*old);
             self.drop_fence(*old);
@@ -383,6 +384,12 @@ impl Gm {
         for l in before.into_iter().filter(|l| Some(l.key) != key || l.id != id) {
             tracing::warn!(id = l.id, addr = %r.addr, "a pComponent was replaced by a new start; its processes' memory is released");
             self.replaced.push(l);
+        }
+        // One replaced that registers again (it lived on after a registration of another start
+        // at its address, a late one perhaps) is a member again, fenced: named replaced, it
+        // would be announced lost at every answer, and fenced again each time it acted on that.
+        if again && r.role == Role::Mem {
+            self.replaced_mcomps.forget(&id);
         }
         // A new start of an mComponent in place of an earlier one: the earlier one's copies
         // are gone.
@@ -407,7 +414,12 @@ impl Gm {
         tracing::info!(id, role = r.role.name(), addr = %r.addr, again, "component registered");
         crate::series::REGISTRATIONS.increment(1);
         comps.insert(id, e);
-        self.views.changed();
+        // A new start at a new address changes only what may be a view old (the memory that
+        // takes vRegions); a view worked out at each of a datacenter's starting components
+        // would walk the membership at every heartbeat between two registrations.
+        if again || replacing || fence != 0 {
+            self.views.changed();
+        }
         crate::series::COMPONENTS.set(comps.len() as f64);
         Ok(G2X_REGISTERED {
             id,
@@ -469,10 +481,15 @@ impl Gm {
             }
             return Err(MembershipError::NotRegistered { id: r.id, addr: r.addr }.into());
         };
-        if !self.alive(e) {
+        // The view may name one that was lost: every answer from now on must not. One only
+        // late changes nothing an answer must show at once; were every late heartbeat to work
+        // the view out again, managers running behind (a registration storm, a stall) would
+        // walk the whole membership at each heartbeat and fall further behind.
+        if self.lost(e) {
             tracing::info!(id = r.id, addr = %e.info.addr, "component is back");
-            // The view may name it lost: every answer from now on must not.
             self.views.changed();
+        } else if !self.alive(e) {
+            tracing::debug!(id = r.id, addr = %e.info.addr, "a late heartbeat");
         }
         // It was announced lost while silent, so its copies may have been rebuilt elsewhere:
         // what it holds may be older.

@@ -141,3 +141,40 @@ fn a_repeated_registration_keeps_its_id_and_a_late_one_of_an_earlier_start_repla
         Ok(())
     );
 }
+
+/// A registration of another start at an mComponent's address (a late one, of a start that
+/// died) replaces it while it lives on; once that one is silent it registers again under its
+/// id, fenced as one announced lost. From then on it is a member: no answer names it lost, and
+/// it is not fenced again. (It stayed named replaced, so was announced and fenced at every
+/// heartbeat: found by the managers' simulation, seed 219,420.)
+#[test]
+fn an_mcomponent_replaced_by_a_late_registration_that_registers_again_is_fenced_once_and_named_lost_no_more() {
+    let (r, addrs, m) = three_replicated();
+    let beat = |i: usize| r.beat(m[i], addrs[i], Load::default());
+    let ghost = r.register(Role::Mem, addrs[0], GIB, 0).unwrap();
+    assert_ne!(ghost, m[0]);
+    assert!(
+        beat(1).unwrap().lost_mcomps.contains(&m[0]),
+        "replaced, and so announced"
+    );
+    assert_eq!(beat(0).map(|_| ()).map_err(|e| e.code), Err(ErrCode::NotFound));
+    assert_eq!(
+        r.register(Role::Mem, addrs[0], GIB, m[0]),
+        Err(ErrCode::Denied),
+        "refused while the other start is heard"
+    );
+    r.silent(ghost, Duration::from_millis(1_300));
+    assert_eq!(
+        r.register(Role::Mem, addrs[0], GIB, m[0]),
+        Ok(m[0]),
+        "back under its id"
+    );
+    assert_ne!(beat(0).unwrap().fence, 0, "fenced: its copies were rebuilt elsewhere");
+    for _ in 0..3 {
+        for i in [1, 2] {
+            let b = beat(i).unwrap();
+            assert!(!b.lost_mcomps.contains(&m[0]), "a member again, named lost: {b:?}");
+        }
+        assert_eq!(beat(0).unwrap().fence, 0, "fenced again");
+    }
+}

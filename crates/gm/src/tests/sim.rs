@@ -109,8 +109,9 @@ struct Sim {
     detached: BTreeSet<u32>,
     /// Ids of components started anew under another: named lost at once, as replaced.
     replaced: BTreeSet<u32>,
-    /// The id the managers last gave each component that registered without one (its answer
-    /// may have been lost: a registration after it replaces it).
+    /// The id the managers last gave at each component's address: a registration after it
+    /// under another replaces it (a new start, whose first answer may have been lost; or one
+    /// replaced by a late registration that registers again under its id).
     given: BTreeMap<usize, u32>,
 }
 
@@ -414,7 +415,7 @@ impl Sim {
             Msg::G2X_REGISTERED(r) => _ = self.mgrs[m].heard.insert(r.id, now),
             _ => {}
         }
-        if let (0, Msg::G2X_REGISTERED(r)) = (id, &answer) {
+        if let Msg::G2X_REGISTERED(r) = &answer {
             if let Some(earlier) = self.given.insert(c, r.id).filter(|e| *e != r.id) {
                 self.replaced.insert(earlier);
             }
