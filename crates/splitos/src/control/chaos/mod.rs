@@ -7,6 +7,7 @@
 //! either prints what it prints natively, or fails with an error that a fault beyond the
 //! configuration's tolerance explains. Afterwards the cluster must settle (every component
 //! alive, every vRegion with its copies) and hold nothing of a program that ended.
+mod fds;
 mod report;
 mod schedule;
 
@@ -509,8 +510,17 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
     // What ended programs held is released in the background: give it the time a lost
     // component's reclaim takes.
     let limit = Duration::from_millis(targets.silence_ms * 2 + 10_000);
-    if !rig.until(limit, |s| held(s).is_empty()) {
-        leaks.extend(rig.status().map(|s| held(&s)).unwrap_or_default());
+    let leftovers = |s: &Value| {
+        let shim_socks = components(s, "pcomponent")
+            .iter()
+            .filter_map(|c| c["shim_sock"].as_str().map(String::from))
+            .collect();
+        let mut l = held(s);
+        l.extend(fds::leaked(&rig.state, &shim_socks));
+        l
+    };
+    if !rig.until(limit, |s| leftovers(s).is_empty()) {
+        leaks.extend(rig.status().map(|s| leftovers(&s)).unwrap_or_default());
     }
     let runs = runs.lock().unwrap().clone();
     let report = report(seed, args.minutes, &workloads, injected, runs, leaks, &targets);
