@@ -7,6 +7,7 @@
 //! either prints what it prints natively, or fails with an error that a fault beyond the
 //! configuration's tolerance explains. Afterwards the cluster must settle (every component
 //! alive, every vRegion with its copies) and hold nothing of a program that ended.
+mod defaults;
 mod fds;
 mod report;
 mod schedule;
@@ -24,6 +25,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::config::ClusterConfig;
+use defaults::{DEFAULT_CONFIG, DEFAULT_WORKLOADS};
 use report::{print_report, replay, report};
 use schedule::{Fault, Kind, Targets};
 
@@ -43,14 +45,14 @@ pub struct ChaosArgs {
     pub config: Option<PathBuf>,
     /// A workload: a shell command (`sh -c CMD`) run again and again on the cluster, its
     /// output and exit status compared with a native run of it. Repeatable; adds to the
-    /// default workloads (CPython's heap, a pipeline of C programs, threads).
+    /// default workloads (CPython's heap, a pipeline of C programs, threads, a file, memcached).
     #[arg(long = "workload", value_name = "CMD")]
     pub workloads: Vec<String>,
     /// Run only the --workload commands, not the default ones.
     #[arg(long)]
     pub only_workloads: bool,
     /// Leave out a default workload, by name: cpython-heap, c-pipeline, cpython-threads,
-    /// files. Repeatable.
+    /// files, memcached. Repeatable.
     #[arg(long, value_name = "NAME")]
     pub without: Vec<String>,
     /// Draw only these kinds of fault (comma-separated, e.g. `kill-mem,stop-storage`); by
@@ -80,40 +82,6 @@ static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::Relaxed)
 }
-
-const DEFAULT_CONFIG: &str = r#"[cluster]
-vregion_size = "4M"
-
-[[pcomponent]]
-excache = "16M"
-
-[[scomponent]]
-
-[[mcomponent]]
-[[mcomponent]]
-[[mcomponent]]
-[[mcomponent]]
-"#;
-
-/// The default workloads: a CPython heap of about 60 MiB through a 16 MiB ExCache; a shell
-/// pipeline of C programs (forks, pipes, execs); CPython threads; a file of 4 MiB written in
-/// the vNode's file system with an fsync every MiB, read back and removed (natively, in a
-/// temporary directory).
-const DEFAULT_WORKLOADS: [(&str, &str); 4] = [
-    (
-        "cpython-heap",
-        "python3 -c 'import hashlib\nd = {i: str(i * 7) * 3 for i in range(300000)}\nprint(hashlib.sha256(\"\".join(d[k] for k in sorted(d, key=lambda k: d[k])).encode()).hexdigest())'",
-    ),
-    ("c-pipeline", "seq 1 400000 | sort -r | md5sum"),
-    (
-        "cpython-threads",
-        "python3 -c 'import threading\nr = [0] * 4\ndef w(i):\n    r[i] = sum(len(str(x * (i + 1))) for x in range(150000))\nt = [threading.Thread(target=w, args=(i,)) for i in range(4)]\n[x.start() for x in t]\n[x.join() for x in t]\nprint(r)'",
-    ),
-    (
-        "files",
-        "python3 -c 'import hashlib, os, tempfile\nwith tempfile.TemporaryDirectory(dir=os.environ.get(\"SPLITOS_VNODE_DIR\")) as t:\n    p = os.path.join(t, \"f\")\n    with open(p, \"wb\") as f:\n        for i in range(64):\n            f.write(hashlib.sha256(str(i).encode()).digest() * 2048)\n            if i % 16 == 15:\n                f.flush()\n                os.fsync(f.fileno())\n    with open(p, \"rb\") as f:\n        print(hashlib.sha256(f.read()).hexdigest())'",
-    ),
-];
 
 /// A workload, and what it printed natively (where it exited 0: one that fails natively is
 /// refused).
@@ -391,7 +359,9 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
         .iter()
         .enumerate()
         .map(|(i, c)| (format!("workload-{}", i + 1), c.clone()));
-    for (name, cmd) in defaults.map(|(n, c)| (n.to_string(), c.to_string())).chain(named) {
+    let exe = std::env::current_exe()?.to_string_lossy().replace('\'', "'\\''");
+    let defaults = defaults.map(|(n, c)| (n.to_string(), c.replace("{splitos}", &format!("'{exe}'"))));
+    for (name, cmd) in defaults.chain(named) {
         let t = Instant::now();
         let out = Command::new("sh").args(["-c", &cmd]).stdin(Stdio::null()).output()?;
         if !out.status.success() {
