@@ -18,6 +18,9 @@ splitos_metrics::series! {
     /// Tries of a file call (a vNode's sComponent, a file's buffer cache) that found no
     /// manager to answer, and waited to ask again.
     pub FILE_CALLS_WAITED_FOR_MANAGERS: Counter = "pcomp_file_calls_waited_for_managers_total";
+    /// Tries of a socket call's question for its vNode's nComponent that found no manager to
+    /// answer, and waited to ask again.
+    pub NET_CALLS_WAITED_FOR_MANAGERS: Counter = "pcomp_net_calls_waited_for_managers_total";
     /// Creations of a process sent again to the home picked, which had not answered.
     pub CREATIONS_SENT_AGAIN: Counter = "pcomp_creations_sent_again_total";
     /// Homes picked for a new process given up after a creation that may have arrived

@@ -234,13 +234,19 @@ impl NetStub {
                 return Ok(a.clone());
             }
         }
-        let r = self
-            .node
-            .call_gm(P2G_PICK_NET {
-                vnode: vnode.to_string(),
-                ip: specific,
-            })
-            .map_err(|e| errno_of(&e))?;
+        // While no manager answers (the only one restarting) the question is asked again, as
+        // a start's, a heap's or a file's is: a connect would fail with ENETDOWN otherwise.
+        let r = splitos_core::node::waiting_for_managers(
+            || {
+                self.node.call_gm(P2G_PICK_NET {
+                    vnode: vnode.to_string(),
+                    ip: specific,
+                })
+            },
+            |e| matches!(e, RpcError::Unreachable { .. }),
+            || crate::series::NET_CALLS_WAITED_FOR_MANAGERS.increment(1),
+        )
+        .map_err(|e| errno_of(&e))?;
         if specific.is_none() {
             self.homes
                 .lock()

@@ -89,6 +89,38 @@ fn a_short_seed_hits_every_kind_of_component_and_every_run_ends_as_natively_or_e
     }
 }
 
+/// Detaches while programs run (seed 4 draws five): two that end with the mComponent gone,
+/// its memory moved to the others, started again as a new member; three called off soon
+/// after they began, one at least while its memory was moving. Every run ends as natively, no fault
+/// explains an error (none is beyond tolerance), and nothing is left at the components.
+#[test]
+fn detaches_ended_and_called_off_while_programs_run_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--seed", "4", "--minutes", "0.25", "--faults", "detach-mem"];
+    let (out, r) = report(dir.path(), &args);
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success() && r["passed"] == true, "{said}");
+    assert_eq!(r["faults"]["detach-mem"].as_u64(), Some(5), "{said}");
+    let seen: Vec<&str> = r["schedule"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["seen"].as_str().unwrap())
+        .collect();
+    let exits = seen
+        .iter()
+        .filter(|s| s.contains("exited; started again, a new member"))
+        .count();
+    let called_off = seen.iter().filter(|s| s.contains("called off after")).count();
+    let exited_first = seen.iter().filter(|s| s.contains("exited before the call-off")).count();
+    assert_eq!((exits, called_off + exited_first), (2, 3), "{seen:#?}");
+    assert!(called_off >= 1, "no detach called off mid-move: {seen:#?}");
+    assert!(r["errors"].as_array().unwrap().is_empty(), "{said}");
+    for w in r["workloads"].as_array().unwrap() {
+        assert_eq!(w["as_native"], w["runs"], "{w}");
+    }
+}
+
 #[test]
 fn a_run_that_prints_other_than_natively_fails_the_chaos_run_and_names_its_seed() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,4 +1,4 @@
-//! A vNode's files when components fail (docs/storage.md). Writes not yet synced live in one
+//! A vNode's files and sockets when components fail (docs/storage.md, docs/network.md). Writes not yet synced live in one
 //! mComponent's buffer cache, with no copy elsewhere: when that mComponent is lost they are
 //! gone, and the program must hear it (its next fsync fails with EIO, as Linux reports a
 //! failed write back) rather than have fsync succeed on what is left. A program's reads
@@ -159,5 +159,39 @@ with open(path, "rb") as f:
     assert!(
         c.metric(&pcomp, "splitos_pcomp_file_calls_waited_for_managers_total") >= 1.0,
         "the file call waited for the manager"
+    );
+}
+
+/// A program's first socket of its vNode, made while the cluster's only manager is down: the
+/// pComponent asks the managers where the vNode's sockets are served, and waits for them (as
+/// a file's or a heap's call does) instead of failing the call with ENETDOWN at once. (Found
+/// by `splitos chaos`: loadgen's connect to memcached during a `kill-gm`.)
+#[test]
+fn a_socket_made_while_the_only_manager_restarts_waits_for_it_and_connects() {
+    const PING: &str = r#"
+import socket, sys
+print("ready", flush=True)
+sys.stdin.readline()
+l = socket.create_server(("127.0.0.1", 0))
+c = socket.create_connection(l.getsockname())
+a, _ = l.accept()
+c.sendall(b"ping")
+print(a.recv(4).decode(), "over loopback")
+"#;
+    let c = TestCluster::up(None);
+    let gm = c.status()["gm"].as_str().unwrap().to_string();
+    let mut p = c.spawn(&[], &["python3", "-c", PING]);
+    assert_eq!(read_line(&mut p), "ready\n");
+    c.kill_component(c.pid_of_addr(&gm));
+    writeln!(p.stdin.as_mut().unwrap()).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let again = c.cmd(&["cluster", "restart", "gm"]).output().unwrap();
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    let out = p.wait_with_output().unwrap();
+    assert_eq!(text(&out.stdout), "ping over loopback\n", "{}", text(&out.stderr));
+    let pcomp = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    assert!(
+        c.metric(&pcomp, "splitos_pcomp_net_calls_waited_for_managers_total") >= 1.0,
+        "the socket call waited for the manager"
     );
 }

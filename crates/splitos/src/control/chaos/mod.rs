@@ -9,6 +9,7 @@
 //! alive, every vRegion with its copies) and hold nothing of a program that ended.
 mod defaults;
 mod fds;
+mod inject;
 mod report;
 mod schedule;
 
@@ -26,6 +27,7 @@ use serde_json::Value;
 
 use crate::config::ClusterConfig;
 use defaults::{DEFAULT_CONFIG, DEFAULT_WORKLOADS};
+use inject::inject;
 use report::{print_report, replay, report};
 use schedule::{Fault, Kind, Targets};
 
@@ -57,7 +59,7 @@ pub struct ChaosArgs {
     pub without: Vec<String>,
     /// Draw only these kinds of fault (comma-separated, e.g. `kill-mem,stop-storage`); by
     /// default every kind the configuration has: kill-mem, stop-mem, pause-mem, drain-mem,
-    /// kill-gm, stop-gm, swap-placement, stop-proc, kill-proc, resize-excache, swap-policy,
+    /// detach-mem, kill-gm, stop-gm, swap-placement, stop-proc, kill-proc, resize-excache, swap-policy,
     /// stop-storage, kill-storage (docs/reliability.md says what each does).
     #[arg(long, value_delimiter = ',', value_name = "KIND")]
     pub faults: Vec<Kind>,
@@ -159,10 +161,15 @@ impl Rig {
     }
 
     fn cluster(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = self.splitos().arg("cluster").args(args).stdin(Stdio::null()).output()?;
+        self.cli("cluster", args)
+    }
+
+    /// `splitos SUB ARGS...` on this cluster: what it printed, or its error.
+    fn cli(&self, sub: &str, args: &[&str]) -> anyhow::Result<String> {
+        let out = self.splitos().arg(sub).args(args).stdin(Stdio::null()).output()?;
         if !out.status.success() {
             anyhow::bail!(
-                "`splitos cluster {}` failed: {}",
+                "`splitos {sub} {}` failed: {}",
                 args.join(" "),
                 String::from_utf8_lossy(&out.stderr).trim()
             );
@@ -615,151 +622,4 @@ fn kill_group(child: &mut Child) {
     // SAFETY: kill takes plain integers; the group is the run's own (process_group(0)).
     unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
     let _ = child.wait();
-}
-
-fn signal(pid: u32, sig: libc::c_int) {
-    // SAFETY: kill takes plain integers.
-    unsafe { libc::kill(pid as i32, sig) };
-}
-
-/// Injects fault `f` and heals it: what the cluster showed of it, or why it could not.
-fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String> {
-    let pid = rig
-        .pid_of(&f.target)
-        .ok_or_else(|| anyhow::anyhow!("{} is not running", f.target))?;
-    let hold = Duration::from_millis(f.hold_ms);
-    match f.kind {
-        Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage => {
-            let addr = rig.addr_of(&f.target).unwrap_or_default();
-            signal(pid, libc::SIGSTOP);
-            // On a loaded host a stop shorter than the silence limit can still outlast it
-            // (heartbeats late before it): then the managers gave the component up, as if it
-            // had died. They say so only until its next heartbeat, so they are asked meanwhile.
-            let (t0, mut held_lost) = (Instant::now(), false);
-            let ask = |held: &mut bool| *held |= f.kind != Kind::StopGm && rig.lost(&addr);
-            while t0.elapsed() < hold {
-                ask(&mut held_lost);
-                std::thread::sleep(Duration::from_millis(100).min(hold.saturating_sub(t0.elapsed())));
-            }
-            signal(pid, libc::SIGCONT);
-            ask(&mut held_lost);
-            let said = if held_lost { "; held lost" } else { "" };
-            Ok(format!("stopped for {} ms{said}", f.hold_ms))
-        }
-        Kind::KillMem | Kind::PauseMem => {
-            let addr = rig.addr_of(&f.target).unwrap_or_default();
-            let paused = f.kind == Kind::PauseMem;
-            signal(pid, if paused { libc::SIGSTOP } else { libc::SIGKILL });
-            let t0 = Instant::now();
-            while !rig.lost(&addr) && t0.elapsed() < Duration::from_millis(t.silence_ms + 15_000) && !interrupted() {
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            let held_lost = rig.lost(&addr);
-            let mut short = 0;
-            let rebuilt = rig.until(SETTLE, |s| {
-                short = short.max(short_vregions(s));
-                short_vregions(s) == 0
-            });
-            std::thread::sleep(hold);
-            let back = if paused {
-                signal(pid, libc::SIGCONT);
-                if !rig.until(SETTLE, |s| settled(s, t)) {
-                    anyhow::bail!(
-                        "the cluster did not settle within {} s after {} went on",
-                        SETTLE.as_secs(),
-                        f.target
-                    );
-                }
-                "went on"
-            } else {
-                restart(rig, &f.target, t)?;
-                "started again"
-            };
-            Ok(format!(
-                "held lost: {held_lost}; vRegions short of a copy, at most {short}, rebuilt: {rebuilt}; {back}"
-            ))
-        }
-        Kind::KillGm | Kind::KillProc | Kind::KillStorage => {
-            signal(pid, libc::SIGKILL);
-            std::thread::sleep(hold);
-            restart(rig, &f.target, t)?;
-            Ok(format!("dead for {} ms; started again", f.hold_ms))
-        }
-        Kind::DrainMem => {
-            let id = rig.id_of(&f.target)?;
-            let said = rig.cluster(&["drain", &id, "--timeout", &SETTLE.as_secs().to_string()])?;
-            std::thread::sleep(hold);
-            rig.cluster(&["uncordon", &id])?;
-            Ok(last_line(&said))
-        }
-        Kind::ResizeExcache => {
-            let (id, to) = (rig.id_of(&f.target)?, f.to.clone().unwrap_or_default());
-            let said = rig.cluster(&["set-excache", &id, &to])?;
-            std::thread::sleep(hold);
-            let size = t.excaches[target_index(&f.target)].to_string();
-            let back = rig.cluster(&["set-excache", &id, &size])?;
-            Ok(format!("{}; back: {}", last_line(&said), last_line(&back)))
-        }
-        Kind::SwapPolicy => {
-            let id = rig.id_of(&f.target)?;
-            let was = rig.cluster(&["set-policy", &id])?;
-            let (eviction, prefetch) = f.to.as_deref().unwrap_or_default().split_once('/').unwrap_or_default();
-            let said = rig.cluster(&["set-policy", &id, "--eviction", eviction, "--prefetch", prefetch])?;
-            std::thread::sleep(hold);
-            rig.cluster(&[
-                "set-policy",
-                &id,
-                "--eviction",
-                word_after(&was, "eviction ")?,
-                "--prefetch",
-                word_after(&was, "read-ahead ")?,
-            ])?;
-            Ok(format!("{}; then back", last_line(&said)))
-        }
-        Kind::SwapPlacement => {
-            let was = rig.cluster(&["set-placement"])?;
-            let said = rig.cluster(&["set-placement", f.to.as_deref().unwrap_or_default()])?;
-            std::thread::sleep(hold);
-            rig.cluster(&["set-placement", word_after(&was, "placement ")?])?;
-            Ok(format!("{}; then back", last_line(&said)))
-        }
-    }
-}
-
-fn last_line(s: &str) -> String {
-    s.trim().lines().last().unwrap_or_default().trim().to_string()
-}
-
-/// The word after `key` in what a command printed (`eviction clock (replaced 1 times)`).
-fn word_after<'a>(s: &'a str, key: &str) -> anyhow::Result<&'a str> {
-    s.split_once(key)
-        .and_then(|(_, rest)| rest.split([' ', ',', '\n']).next())
-        .filter(|w| !w.is_empty())
-        .ok_or_else(|| anyhow::anyhow!("no {key:?} in {s:?}"))
-}
-
-/// The index in a component's name (`proc0`: 0).
-fn target_index(name: &str) -> usize {
-    name.trim_start_matches(|c: char| !c.is_ascii_digit())
-        .parse()
-        .unwrap_or(0)
-}
-
-/// Starts component `name` again once its process is gone, and waits for the cluster to settle.
-fn restart(rig: &Rig, name: &str, t: &Targets) -> anyhow::Result<()> {
-    let gone = Instant::now();
-    while rig.pid_of(name).is_some() {
-        if gone.elapsed() > Duration::from_secs(10) {
-            anyhow::bail!("{name} did not exit after kill -9");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    rig.cluster(&["restart", name])?;
-    if !rig.until(SETTLE, |s| settled(s, t)) {
-        anyhow::bail!(
-            "the cluster did not settle within {} s after {name} started again",
-            SETTLE.as_secs()
-        );
-    }
-    Ok(())
 }

@@ -47,7 +47,7 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
         Kind::KillMem | Kind::StopMem | Kind::PauseMem => e.contains("mComponent") || file_lost,
         // A file call the sComponent could not serve fails with EIO.
         Kind::KillStorage | Kind::StopStorage => e.contains("sComponent") || e.contains("Input/output error"),
-        Kind::DrainMem | Kind::ResizeExcache | Kind::SwapPolicy | Kind::SwapPlacement => false,
+        Kind::DrainMem | Kind::DetachMem | Kind::ResizeExcache | Kind::SwapPolicy | Kind::SwapPlacement => false,
     };
     faults
         .iter()
@@ -66,7 +66,9 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
                 // The vNodes' files have no copy elsewhere.
                 Kind::KillStorage => true,
                 Kind::StopStorage => held_lost,
-                Kind::DrainMem | Kind::ResizeExcache | Kind::SwapPolicy | Kind::SwapPlacement => false,
+                Kind::DrainMem | Kind::DetachMem | Kind::ResizeExcache | Kind::SwapPolicy | Kind::SwapPlacement => {
+                    false
+                }
             };
             overlaps && beyond && names(f.fault.kind)
         })

@@ -28,6 +28,11 @@ pub enum Kind {
     /// Drain an mComponent while programs run (`cluster drain`: its memory moves to the
     /// others), then put it back into placement.
     DrainMem,
+    /// Detach an mComponent while programs run (`memory detach`: its memory moves to the
+    /// others, then it exits), and start it again after the hold, a new member; or, by the
+    /// fault's `to` (`call-off`), call the detach off after a short hold, mid-move (`memory
+    /// attach`).
+    DetachMem,
     /// Resize a pComponent's ExCache (`cluster set-excache`) to the fault's size for the hold,
     /// then back.
     ResizeExcache,
@@ -48,6 +53,8 @@ pub enum Kind {
 const EVICTIONS: [&str; 4] = ["workingset", "fifo", "clock", "ghost-clock"];
 const PREFETCHERS: [&str; 3] = ["leap", "sequential", "nextline"];
 const PLACEMENTS: [&str; 4] = ["least-loaded", "best-fit", "first-fit", "nearest"];
+/// How a detach ends: the mComponent exits, or the admin calls it off while it moves.
+const DETACH_ENDS: [&str; 2] = ["exit", "call-off"];
 
 impl Kind {
     pub fn name(self) -> &'static str {
@@ -60,6 +67,7 @@ impl Kind {
             Kind::StopProc => "stop-proc",
             Kind::KillProc => "kill-proc",
             Kind::DrainMem => "drain-mem",
+            Kind::DetachMem => "detach-mem",
             Kind::ResizeExcache => "resize-excache",
             Kind::SwapPolicy => "swap-policy",
             Kind::SwapPlacement => "swap-placement",
@@ -71,7 +79,7 @@ impl Kind {
     /// The component kind it hits, as the state directory names them (`mem0`, `gm`, ...).
     pub fn target_kind(self) -> &'static str {
         match self {
-            Kind::KillMem | Kind::StopMem | Kind::PauseMem | Kind::DrainMem => "mem",
+            Kind::KillMem | Kind::StopMem | Kind::PauseMem | Kind::DrainMem | Kind::DetachMem => "mem",
             Kind::KillGm | Kind::StopGm | Kind::SwapPlacement => "gm",
             Kind::StopProc | Kind::KillProc | Kind::ResizeExcache | Kind::SwapPolicy => "proc",
             Kind::StopStorage | Kind::KillStorage => "storage",
@@ -82,7 +90,7 @@ impl Kind {
     pub fn through_api(self) -> bool {
         matches!(
             self,
-            Kind::DrainMem | Kind::ResizeExcache | Kind::SwapPolicy | Kind::SwapPlacement
+            Kind::DrainMem | Kind::DetachMem | Kind::ResizeExcache | Kind::SwapPolicy | Kind::SwapPlacement
         )
     }
 }
@@ -95,7 +103,8 @@ pub struct Fault {
     pub target: String,
     /// How long the component stays stopped, dead before it is started again, or changed.
     pub hold_ms: u64,
-    /// What a change sets: an ExCache's size in bytes, `EVICTION/PREFETCH`, a placement.
+    /// What a change sets: an ExCache's size in bytes, `EVICTION/PREFETCH`, a placement;
+    /// how a detach ends (`exit`, or `call-off`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub to: Option<String>,
     /// The quiet time before the fault, while the programs run on.
@@ -145,9 +154,10 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
         (Kind::StopStorage, 2),
         (Kind::KillStorage, 1),
     ]);
-    // Draining the only mComponent is refused: its memory has nowhere to go.
+    // Draining or detaching the only mComponent is refused: its memory has nowhere to go.
     if t.mems > 1 {
         kinds.push((Kind::DrainMem, 2));
+        kinds.push((Kind::DetachMem, 2));
     }
     kinds.retain(|(k, _)| {
         (t.only.is_empty() || t.only.contains(k))
@@ -185,8 +195,11 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
             usize::MAX => target.to_string(),
             i => format!("{target}{i}"),
         };
+        let detach_end = (kind == Kind::DetachMem).then(|| DETACH_ENDS[rng.random_range(0..DETACH_ENDS.len())]);
         let hold_ms = match kind {
             Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage => rng.random_range(100..=stop_ms),
+            // Called off soon, while its memory moves: a move takes a second or so.
+            Kind::DetachMem if detach_end == Some("call-off") => rng.random_range(50..=300),
             _ => rng.random_range(200..=2000),
         };
         let to = match kind {
@@ -201,6 +214,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
                 PREFETCHERS[rng.random_range(0..PREFETCHERS.len())]
             )),
             Kind::SwapPlacement => Some(PLACEMENTS[rng.random_range(0..PLACEMENTS.len())].to_string()),
+            Kind::DetachMem => detach_end.map(String::from),
             _ => None,
         };
         let gap_ms = rng.random_range(500..=4000);
@@ -220,11 +234,12 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
 mod tests {
     use super::*;
 
-    const ALL: [Kind; 13] = [
+    const ALL: [Kind; 14] = [
         Kind::KillMem,
         Kind::StopMem,
         Kind::PauseMem,
         Kind::DrainMem,
+        Kind::DetachMem,
         Kind::KillGm,
         Kind::StopGm,
         Kind::SwapPlacement,
@@ -291,6 +306,7 @@ mod tests {
                     assert!(EVICTIONS.contains(&e) && PREFETCHERS.contains(&p));
                 }
                 Kind::SwapPlacement => assert!(PLACEMENTS.contains(&to.unwrap())),
+                Kind::DetachMem => assert!(DETACH_ENDS.contains(&to.unwrap())),
                 _ => assert_eq!(to, None),
             }
         }

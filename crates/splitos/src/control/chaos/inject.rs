@@ -1,0 +1,193 @@
+//! Faults injected into the chaos run's cluster and healed: signals, restarts, and the
+//! changes an operator makes through the REST API.
+use std::time::{Duration, Instant};
+
+use super::schedule::{Fault, Kind, Targets};
+use super::{interrupted, settled, short_vregions, Rig, SETTLE};
+
+pub(super) fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill takes plain integers.
+    unsafe { libc::kill(pid as i32, sig) };
+}
+
+/// Injects fault `f` and heals it: what the cluster showed of it, or why it could not.
+pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String> {
+    let pid = rig
+        .pid_of(&f.target)
+        .ok_or_else(|| anyhow::anyhow!("{} is not running", f.target))?;
+    let hold = Duration::from_millis(f.hold_ms);
+    match f.kind {
+        Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage => {
+            let addr = rig.addr_of(&f.target).unwrap_or_default();
+            signal(pid, libc::SIGSTOP);
+            // On a loaded host a stop shorter than the silence limit can still outlast it
+            // (heartbeats late before it): then the managers gave the component up, as if it
+            // had died. They say so only until its next heartbeat, so they are asked meanwhile.
+            let (t0, mut held_lost) = (Instant::now(), false);
+            let ask = |held: &mut bool| *held |= f.kind != Kind::StopGm && rig.lost(&addr);
+            while t0.elapsed() < hold {
+                ask(&mut held_lost);
+                std::thread::sleep(Duration::from_millis(100).min(hold.saturating_sub(t0.elapsed())));
+            }
+            signal(pid, libc::SIGCONT);
+            ask(&mut held_lost);
+            let said = if held_lost { "; held lost" } else { "" };
+            Ok(format!("stopped for {} ms{said}", f.hold_ms))
+        }
+        Kind::KillMem | Kind::PauseMem => {
+            let addr = rig.addr_of(&f.target).unwrap_or_default();
+            let paused = f.kind == Kind::PauseMem;
+            signal(pid, if paused { libc::SIGSTOP } else { libc::SIGKILL });
+            let t0 = Instant::now();
+            while !rig.lost(&addr) && t0.elapsed() < Duration::from_millis(t.silence_ms + 15_000) && !interrupted() {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            let held_lost = rig.lost(&addr);
+            let mut short = 0;
+            let rebuilt = rig.until(SETTLE, |s| {
+                short = short.max(short_vregions(s));
+                short_vregions(s) == 0
+            });
+            std::thread::sleep(hold);
+            let back = if paused {
+                signal(pid, libc::SIGCONT);
+                if !rig.until(SETTLE, |s| settled(s, t)) {
+                    anyhow::bail!(
+                        "the cluster did not settle within {} s after {} went on",
+                        SETTLE.as_secs(),
+                        f.target
+                    );
+                }
+                "went on"
+            } else {
+                restart(rig, &f.target, t)?;
+                "started again"
+            };
+            Ok(format!(
+                "held lost: {held_lost}; vRegions short of a copy, at most {short}, rebuilt: {rebuilt}; {back}"
+            ))
+        }
+        Kind::KillGm | Kind::KillProc | Kind::KillStorage => {
+            signal(pid, libc::SIGKILL);
+            std::thread::sleep(hold);
+            restart(rig, &f.target, t)?;
+            Ok(format!("dead for {} ms; started again", f.hold_ms))
+        }
+        Kind::DrainMem => {
+            let id = rig.id_of(&f.target)?;
+            let said = rig.cluster(&["drain", &id, "--timeout", &SETTLE.as_secs().to_string()])?;
+            std::thread::sleep(hold);
+            rig.cluster(&["uncordon", &id])?;
+            Ok(last_line(&said))
+        }
+        Kind::DetachMem if f.to.as_deref() == Some("call-off") => {
+            let id = rig.id_of(&f.target)?;
+            let said = rig.cli("memory", &["detach", &id, "--no-wait"])?;
+            std::thread::sleep(hold);
+            match rig.cli("memory", &["attach", &id]) {
+                Ok(back) => Ok(format!(
+                    "{}; called off after {} ms: {}",
+                    last_line(&said),
+                    f.hold_ms,
+                    last_line(&back)
+                )),
+                // A small mComponent may have emptied and exited within the hold: it starts
+                // again, a new member, as after a detach that ran to its end.
+                Err(e) => match gone(rig, &f.target) {
+                    true => {
+                        restart(rig, &f.target, t)?;
+                        Ok(format!(
+                            "{}; it exited before the call-off; started again",
+                            last_line(&said)
+                        ))
+                    }
+                    false => Err(e),
+                },
+            }
+        }
+        Kind::DetachMem => {
+            let id = rig.id_of(&f.target)?;
+            let said = rig.cli("memory", &["detach", &id, "--timeout", &SETTLE.as_secs().to_string()])?;
+            std::thread::sleep(hold);
+            restart(rig, &f.target, t)?;
+            Ok(format!("{}; started again, a new member", last_line(&said)))
+        }
+        Kind::ResizeExcache => {
+            let (id, to) = (rig.id_of(&f.target)?, f.to.clone().unwrap_or_default());
+            let said = rig.cluster(&["set-excache", &id, &to])?;
+            std::thread::sleep(hold);
+            let size = t.excaches[target_index(&f.target)].to_string();
+            let back = rig.cluster(&["set-excache", &id, &size])?;
+            Ok(format!("{}; back: {}", last_line(&said), last_line(&back)))
+        }
+        Kind::SwapPolicy => {
+            let id = rig.id_of(&f.target)?;
+            let was = rig.cluster(&["set-policy", &id])?;
+            let (eviction, prefetch) = f.to.as_deref().unwrap_or_default().split_once('/').unwrap_or_default();
+            let said = rig.cluster(&["set-policy", &id, "--eviction", eviction, "--prefetch", prefetch])?;
+            std::thread::sleep(hold);
+            rig.cluster(&[
+                "set-policy",
+                &id,
+                "--eviction",
+                word_after(&was, "eviction ")?,
+                "--prefetch",
+                word_after(&was, "read-ahead ")?,
+            ])?;
+            Ok(format!("{}; then back", last_line(&said)))
+        }
+        Kind::SwapPlacement => {
+            let was = rig.cluster(&["set-placement"])?;
+            let said = rig.cluster(&["set-placement", f.to.as_deref().unwrap_or_default()])?;
+            std::thread::sleep(hold);
+            rig.cluster(&["set-placement", word_after(&was, "placement ")?])?;
+            Ok(format!("{}; then back", last_line(&said)))
+        }
+    }
+}
+
+fn last_line(s: &str) -> String {
+    s.trim().lines().last().unwrap_or_default().trim().to_string()
+}
+
+/// The word after `key` in what a command printed (`eviction clock (replaced 1 times)`).
+fn word_after<'a>(s: &'a str, key: &str) -> anyhow::Result<&'a str> {
+    s.split_once(key)
+        .and_then(|(_, rest)| rest.split([' ', ',', '\n']).next())
+        .filter(|w| !w.is_empty())
+        .ok_or_else(|| anyhow::anyhow!("no {key:?} in {s:?}"))
+}
+
+/// The index in a component's name (`proc0`: 0).
+fn target_index(name: &str) -> usize {
+    name.trim_start_matches(|c: char| !c.is_ascii_digit())
+        .parse()
+        .unwrap_or(0)
+}
+
+/// Whether component `name`'s process is gone, or goes within 10 s.
+fn gone(rig: &Rig, name: &str) -> bool {
+    let t = Instant::now();
+    while rig.pid_of(name).is_some() {
+        if t.elapsed() > Duration::from_secs(10) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
+/// Starts component `name` again once its process is gone, and waits for the cluster to settle.
+fn restart(rig: &Rig, name: &str, t: &Targets) -> anyhow::Result<()> {
+    if !gone(rig, name) {
+        anyhow::bail!("{name} did not exit");
+    }
+    rig.cluster(&["restart", name])?;
+    if !rig.until(SETTLE, |s| settled(s, t)) {
+        anyhow::bail!(
+            "the cluster did not settle within {} s after {name} started again",
+            SETTLE.as_secs()
+        );
+    }
+    Ok(())
+}
