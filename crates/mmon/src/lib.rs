@@ -101,9 +101,8 @@ pub struct Mem<P = RpcPeers> {
     /// Bytes of parity rows freed since the allocator last gave free memory back to the kernel.
     freed: AtomicU64,
     homes: Mutex<BTreeMap<u64, Arc<Mutex<home::HomeProc>>>>,
-    /// Processes said to have ended that were not (yet) made here, with their pComponent's
-    /// key: a creation that comes after is late, and refused.
-    ended: Mutex<std::collections::VecDeque<(Option<[u8; 32]>, u64)>>,
+    /// Processes said to have ended that were not (yet) made here.
+    ended: Mutex<home::Ended>,
     /// The mComponents the managers last said are lost: until fenced, they may still act on
     /// homes moved away since, and their copies of those are refused.
     declared_lost: Mutex<Vec<u32>>,

@@ -39,6 +39,8 @@ mod logged;
 mod rebuild;
 mod vm;
 
+pub(crate) use vm::Ended;
+
 /// Pages per message when a mapping moves between owners (mremap) or a replica is rebuilt.
 const MOVE_BATCH: u32 = 128;
 

@@ -13,15 +13,29 @@ use super::{ignore_unknown, lock_home, HomeError, HomeProc, MOVE_BATCH, PROT_WRI
 use crate::{Mem, Peers, PAGE};
 use splitos_core::vma::{Vma, VmaMap};
 
-/// How many ended processes are remembered: enough for the creations sent again during one
-/// pause of this mComponent.
+/// How many ended processes are remembered per pComponent: enough for the creations it sent
+/// again during one pause of this mComponent.
 const ENDED_KEPT: usize = 4096;
 
-fn push_ended(ended: &mut std::collections::VecDeque<(Option<[u8; 32]>, u64)>, e: (Option<[u8; 32]>, u64)) {
-    if ended.len() == ENDED_KEPT {
-        ended.pop_front();
+/// Processes said to have ended that were not (yet) made here, by their pComponent's key: a
+/// creation that comes after is late, and refused. The last [`ENDED_KEPT`] of each pComponent,
+/// so that one ending many (made-up) processes pushes out none of another's. (Keys come from
+/// credentials the cluster's authority issued: there are as many as its pComponents.)
+#[derive(Default)]
+pub(crate) struct Ended(std::collections::HashMap<Option<[u8; 32]>, std::collections::VecDeque<u64>>);
+
+impl Ended {
+    fn remember(&mut self, creator: Option<[u8; 32]>, pid: u64) {
+        let pids = self.0.entry(creator).or_default();
+        if pids.len() == ENDED_KEPT {
+            pids.pop_front();
+        }
+        pids.push_back(pid);
     }
-    ended.push_back(e);
+
+    fn contains(&self, creator: Option<[u8; 32]>, pid: u64) -> bool {
+        self.0.get(&creator).is_some_and(|pids| pids.contains(&pid))
+    }
 }
 
 impl<P: Peers> Mem<P> {
@@ -69,7 +83,7 @@ impl<P: Peers> Mem<P> {
         let earlier = {
             // Both held, in this order, as an end of the process not made here records it.
             let ended = self.ended.lock().unwrap();
-            if ended.contains(&(creator, pid)) {
+            if ended.contains(creator, pid) {
                 crate::series::CREATIONS_AFTER_END.increment(1);
                 return Err(HomeError::EndedBeforeCreated { pid }.into());
             }
@@ -549,14 +563,14 @@ impl<P: Peers> Mem<P> {
         if self.homes.lock().unwrap().contains_key(&pid) {
             return false;
         }
-        push_ended(&mut ended, (creator, pid));
+        ended.remember(creator, pid);
         true
     }
 
     /// Process `pid` of the pComponent with key `creator` ended: a creation of it that comes
     /// later is refused.
     fn remember_ended(&self, creator: Option<[u8; 32]>, pid: u64) {
-        push_ended(&mut self.ended.lock().unwrap(), (creator, pid));
+        self.ended.lock().unwrap().remember(creator, pid);
     }
 
     /// Releases, as their exit would, the processes created by pComponents the global
@@ -599,5 +613,25 @@ impl<P: Peers> Mem<P> {
             epoch: h.epoch,
             backup: h.backup.clone(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_pcomponent_ending_many_processes_pushes_out_none_of_anothers() {
+        let (a, b) = (Some([1; 32]), Some([2; 32]));
+        let mut ended = Ended::default();
+        ended.remember(b, 7);
+        for pid in 0..2 * ENDED_KEPT as u64 {
+            ended.remember(a, 1000 + pid);
+        }
+        assert!(ended.contains(b, 7), "another pComponent's end is still remembered");
+        assert!(!ended.contains(a, 7), "and only for it");
+        assert!(!ended.contains(a, 1000), "a pComponent's own oldest go");
+        assert!(ended.contains(a, 1000 + 2 * ENDED_KEPT as u64 - 1));
+        assert_eq!(ended.0[&a].len(), ENDED_KEPT);
     }
 }
