@@ -109,11 +109,11 @@ impl<T: Serialize + DeserializeOwned + Clone> Recent<T> {
             if t != item {
                 return true;
             }
-            if let Err(e) = match key.is_empty() {
-                true => Ok(()),
-                false => self.store.put::<Dated<T>>(self.table, key, None),
-            } {
-                tracing::warn!(table = self.table.0, error = %e, "cannot drop a departure from the managers' state; a successor tells it for the rest of its time");
+            // One that could not be kept has no key, and nothing to drop.
+            if !key.is_empty() {
+                if let Err(e) = self.store.put::<Dated<T>>(self.table, key, None) {
+                    tracing::warn!(table = self.table.0, error = %e, "cannot drop a departure from the managers' state; a successor tells it for the rest of its time");
+                }
             }
             false
         });

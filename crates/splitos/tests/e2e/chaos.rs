@@ -1,6 +1,7 @@
 //! `splitos chaos` (docs/reliability.md): seeded faults against a cluster of its own while real
 //! programs run on it, every run checked against a native one. The short seed here injects
-//! every kind of fault the default configuration has but one; what the cluster showed of each
+//! every kind of fault the default configuration has but two (`pause-mem`; `detach-mem`, which
+//! a test of its own runs); what the cluster showed of each
 //! (a killed mComponent held lost by the managers, its copies rebuilt by the mComponents) is
 //! in the report, from the components' own statistics.
 use crate::common;
@@ -16,6 +17,15 @@ fn chaos(args: &[&str]) -> Output {
         .env_remove("SPLITOS_GM")
         .output()
         .unwrap()
+}
+
+/// Field `key` of every object in the report's list `list`.
+fn strings<'a>(list: &'a serde_json::Value, key: &str) -> Vec<&'a str> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o[key].as_str().unwrap())
+        .collect()
 }
 
 fn report(dir: &std::path::Path, args: &[&str]) -> (Output, serde_json::Value) {
@@ -69,12 +79,7 @@ fn a_short_seed_hits_every_kind_of_component_and_every_run_ends_as_natively_or_e
     }
     // CPython's heap, the C pipeline, threads, files and memcached under loadgen (every value
     // it read back as stored: "corrupt 0", as natively), each as natively at least once.
-    let names: Vec<&str> = r["workloads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| w["name"].as_str().unwrap())
-        .collect();
+    let names = strings(&r["workloads"], "name");
     assert_eq!(
         names,
         ["cpython-heap", "c-pipeline", "cpython-threads", "files", "memcached"],
@@ -91,8 +96,9 @@ fn a_short_seed_hits_every_kind_of_component_and_every_run_ends_as_natively_or_e
 
 /// Detaches while programs run (seed 4 draws five): two that end with the mComponent gone,
 /// its memory moved to the others, started again as a new member; three called off soon
-/// after they began, one at least while its memory was moving. Every run ends as natively, no fault
-/// explains an error (none is beyond tolerance), and nothing is left at the components.
+/// after they began, one at least while its memory was moving. Every run ends as natively,
+/// no fault explains an error (none is beyond tolerance), and nothing is left at the
+/// components.
 #[test]
 fn detaches_ended_and_called_off_while_programs_run_lose_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -101,12 +107,7 @@ fn detaches_ended_and_called_off_while_programs_run_lose_nothing() {
     let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert!(out.status.success() && r["passed"] == true, "{said}");
     assert_eq!(r["faults"]["detach-mem"].as_u64(), Some(5), "{said}");
-    let seen: Vec<&str> = r["schedule"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["seen"].as_str().unwrap())
-        .collect();
+    let seen = strings(&r["schedule"], "seen");
     let exits = seen
         .iter()
         .filter(|s| s.contains("exited; started again, a new member"))

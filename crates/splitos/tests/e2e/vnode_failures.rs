@@ -127,6 +127,21 @@ fn reads_of_vnode_files_into_heap_pages_evicted_meanwhile_return_the_files_bytes
     );
 }
 
+/// Kills the cluster's only manager (at `gm`), tells program `p` to go on (a line on its
+/// stdin), starts the manager again 3 s later, and returns what `p` printed.
+fn go_on_while_the_only_manager_restarts(
+    c: &TestCluster,
+    gm: &str,
+    mut p: std::process::Child,
+) -> std::process::Output {
+    c.kill_component(c.pid_of_addr(gm));
+    writeln!(p.stdin.as_mut().unwrap()).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let again = c.cmd(&["cluster", "restart", "gm"]).output().unwrap();
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    p.wait_with_output().unwrap()
+}
+
 /// A new file written while the cluster's only manager is down: its buffer cache must be
 /// placed by the managers, and the write waits for them (as heap calls and starts do) instead
 /// of failing with EIO at once.
@@ -148,12 +163,7 @@ with open(path, "rb") as f:
     let gm = c.status()["gm"].as_str().unwrap().to_string();
     let mut w = c.spawn(&[], &["python3", "-c", NEW_FILE]);
     assert_eq!(read_line(&mut w), "ready\n");
-    c.kill_component(c.pid_of_addr(&gm));
-    writeln!(w.stdin.as_mut().unwrap()).unwrap();
-    std::thread::sleep(Duration::from_secs(3));
-    let again = c.cmd(&["cluster", "restart", "gm"]).output().unwrap();
-    assert!(again.status.success(), "{}", text(&again.stderr));
-    let out = w.wait_with_output().unwrap();
+    let out = go_on_while_the_only_manager_restarts(&c, &gm, w);
     assert_eq!(text(&out.stdout), "100000 bytes read back\n", "{}", text(&out.stderr));
     let pcomp = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
     assert!(
@@ -182,12 +192,7 @@ print(a.recv(4).decode(), "over loopback")
     let gm = c.status()["gm"].as_str().unwrap().to_string();
     let mut p = c.spawn(&[], &["python3", "-c", PING]);
     assert_eq!(read_line(&mut p), "ready\n");
-    c.kill_component(c.pid_of_addr(&gm));
-    writeln!(p.stdin.as_mut().unwrap()).unwrap();
-    std::thread::sleep(Duration::from_secs(3));
-    let again = c.cmd(&["cluster", "restart", "gm"]).output().unwrap();
-    assert!(again.status.success(), "{}", text(&again.stderr));
-    let out = p.wait_with_output().unwrap();
+    let out = go_on_while_the_only_manager_restarts(&c, &gm, p);
     assert_eq!(text(&out.stdout), "ping over loopback\n", "{}", text(&out.stderr));
     let pcomp = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
     assert!(
