@@ -172,7 +172,7 @@ impl<P: Peers> Mem<P> {
             return Err(LeaseError::NotProc.into());
         }
         let p = self.owner_proc(&r.who)?;
-        let mut g = p.lock().unwrap();
+        let mut g = self.live(&p)?;
         g.current(&r.who)?;
         let vrs = self.vrs();
         let (start, end) = (

@@ -22,7 +22,7 @@ mod sets;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_bytes::ByteBuf;
 use splitos_rpc::*;
@@ -158,6 +158,8 @@ pub(super) struct OwnerProc {
     pub epoch: u64,
     /// Parity forwards under way (each counted while its lock is held).
     forwarding: u32,
+    /// Let go ([`Mem::let_go`]): nothing is stored in it any more.
+    released: bool,
 }
 
 impl OwnerProc {
@@ -175,6 +177,7 @@ impl OwnerProc {
             quota: None,
             epoch,
             forwarding: 0,
+            released: false,
         }
     }
 
@@ -294,7 +297,7 @@ impl<P: Peers> Mem<P> {
             mcomp: self.peers.id(),
         })?;
         let (vnode, creator) = {
-            let g = p.lock().unwrap();
+            let g = self.live(&p)?;
             (g.vnode.clone(), g.creator)
         };
         if vnode != who.vnode {
@@ -334,7 +337,7 @@ impl<P: Peers> Mem<P> {
                 )))
             })
             .clone();
-        let mut g = p.lock().unwrap();
+        let mut g = self.live(&p)?;
         if g.vnode != who.vnode || g.creator != creator {
             self.c.denied.fetch_add(1, Relaxed);
             return Err(OwnerError::OtherVnode { pid: who.pid });
@@ -348,8 +351,23 @@ impl<P: Peers> Mem<P> {
         Ok(p)
     }
 
+    /// `p` locked, unless it was let go since the caller found it (the process exited, or this
+    /// mComponent was fenced, while the request waited for it): a page stored in it then would
+    /// stay charged with no process to free it.
+    pub(super) fn live<'a>(&self, p: &'a Mutex<OwnerProc>) -> Result<MutexGuard<'a, OwnerProc>, OwnerError> {
+        let g = p.lock().unwrap();
+        if g.released {
+            return Err(OwnerError::NoMemoryHere {
+                pid: g.pid,
+                mcomp: self.peers.id(),
+            });
+        }
+        Ok(g)
+    }
+
     /// Lets go of all that process `g` takes here (it exited, or this mComponent was fenced).
-    pub(super) fn let_go(&self, g: &OwnerProc) {
+    pub(super) fn let_go(&self, g: &mut OwnerProc) {
+        g.released = true;
         self.room.uncommit(&g.vnode, g.committed);
         self.room.free_pages(&g.vnode, g.held());
         if g.quota.is_some() {
@@ -560,7 +578,7 @@ impl<P: Peers> Mem<P> {
     /// Fault injection: a bit of a stored page flips, as in a memory error.
     pub(super) fn debug_flip(&self, r: C2M_DEBUG_FLIP) -> Result<M2C_FLIPPED, Refusal> {
         let p = self.owner_proc(&r.who)?;
-        let mut g = p.lock().unwrap();
+        let mut g = self.live(&p)?;
         let vpn = g
             .pages
             .keys(r.from_vpn..u64::MAX)
@@ -583,13 +601,13 @@ impl<P: Peers> Mem<P> {
     pub(super) fn fetch(&self, r: P2M_FETCH) -> Result<M2P_PAGE, Refusal> {
         let p = self.owner_proc(&r.who)?;
         self.c.fetches.fetch_add(1, Relaxed);
-        let data = p.lock().unwrap().load_page(r.vpn, self.vrs())?;
+        let data = self.live(&p)?.load_page(r.vpn, self.vrs())?;
         Ok(M2P_PAGE { data })
     }
 
     pub(super) fn flush(&self, r: P2M_FLUSH) -> Result<OK, Refusal> {
         let p = self.owner_proc(&r.who)?;
-        let mut g = p.lock().unwrap();
+        let mut g = self.live(&p)?;
         g.current(&r.who)?;
         self.c.flushes.fetch_add(1, Relaxed);
         let mut deltas = Deltas::new();
@@ -601,26 +619,29 @@ impl<P: Peers> Mem<P> {
     /// Stores the dirty victim that rides along with a fetch. The victim's process may have
     /// exited since it was evicted: its page is garbage then, and the fetch must not fail for it.
     fn store_piggybacked(&self, who: &Who, vpn: u64, data: &[u8]) -> Result<(), Refusal> {
-        match self.owner_proc(who) {
-            Ok(victim) => {
-                let mut g = victim.lock().unwrap();
-                g.current(who)?;
-                self.c.flushes.fetch_add(1, Relaxed);
-                self.c.piggybacked.fetch_add(1, Relaxed);
-                let mut deltas = Deltas::new();
-                self.store(&mut g, vpn, data, &mut deltas)?;
-                self.release_and_forward(&victim, g, who, deltas)
-            }
-            Err(OwnerError::NoMemoryHere { .. }) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        let victim = match self.owner_proc(who) {
+            Ok(victim) => victim,
+            Err(OwnerError::NoMemoryHere { .. }) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut g = match self.live(&victim) {
+            Ok(g) => g,
+            Err(OwnerError::NoMemoryHere { .. }) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        g.current(who)?;
+        self.c.flushes.fetch_add(1, Relaxed);
+        self.c.piggybacked.fetch_add(1, Relaxed);
+        let mut deltas = Deltas::new();
+        self.store(&mut g, vpn, data, &mut deltas)?;
+        self.release_and_forward(&victim, g, who, deltas)
     }
 
     pub(super) fn flush_fetch(&self, r: P2M_FLUSH_FETCH) -> Result<M2P_PAGE, Refusal> {
         let p = self.owner_proc(&r.who)?;
         self.store_piggybacked(&r.flush_who, r.flush_vpn, &r.data)?;
         self.c.fetches.fetch_add(1, Relaxed);
-        let data = p.lock().unwrap().load_page(r.fetch_vpn, self.vrs())?;
+        let data = self.live(&p)?.load_page(r.fetch_vpn, self.vrs())?;
         Ok(M2P_PAGE { data })
     }
 
@@ -637,7 +658,7 @@ impl<P: Peers> Mem<P> {
 
     pub(super) fn fetch_many(&self, r: P2M_FETCH_MANY) -> Result<M2P_PAGES, Refusal> {
         let p = self.owner_proc(&r.who)?;
-        let g = p.lock().unwrap();
+        let g = self.live(&p)?;
         let vrs = self.vrs();
         let pages = r
             .vpns
@@ -650,7 +671,7 @@ impl<P: Peers> Mem<P> {
 
     pub(super) fn flush_many(&self, r: P2M_FLUSH_MANY) -> Result<OK, Refusal> {
         let p = self.owner_proc(&r.who)?;
-        let mut g = p.lock().unwrap();
+        let mut g = self.live(&p)?;
         g.current(&r.who)?;
         // All or nothing: a batch with a page outside the process's vmas stores none of it.
         for (vpn, data) in &r.pages {

@@ -58,7 +58,7 @@ impl<P: Peers> Mem<P> {
         let backups = std::mem::take(&mut *self.backups.lock().unwrap());
         self.backup_log.clear();
         for p in owned.values() {
-            self.let_go(&p.lock().unwrap());
+            self.let_go(&mut p.lock().unwrap());
         }
         crate::series::FENCED.increment(1);
         tracing::error!(

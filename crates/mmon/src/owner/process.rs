@@ -16,16 +16,14 @@ impl<P: Peers> Mem<P> {
         if accounted {
             self.commit(&who.vnode, end - start)?;
         }
-        let p = match self.owner_from_home(&who, creator, quota) {
-            Ok(p) => p,
-            Err(e) => {
-                if accounted {
-                    self.room.uncommit(&who.vnode, end - start);
-                }
-                return Err(e.into());
+        let refused = |e: OwnerError| {
+            if accounted {
+                self.room.uncommit(&who.vnode, end - start);
             }
+            e
         };
-        let mut g = p.lock().unwrap();
+        let p = self.owner_from_home(&who, creator, quota).map_err(refused)?;
+        let mut g = self.live(&p).map_err(refused)?;
         g.pages.revoke();
         let gone = g.vmas.remove_range(start, end);
         self.uncommit(&mut g, &gone);
@@ -40,7 +38,7 @@ impl<P: Peers> Mem<P> {
 
     pub(crate) fn vma_remove(&self, r: M2M_VMA_REMOVE) -> Result<OK, Refusal> {
         let p = self.owner_proc(&r.who)?;
-        let mut g = p.lock().unwrap();
+        let mut g = self.live(&p)?;
         g.pages.revoke();
         let gone = g.vmas.remove_range(r.start, r.end);
         self.uncommit(&mut g, &gone);
@@ -51,7 +49,7 @@ impl<P: Peers> Mem<P> {
 
     pub(crate) fn vma_protect(&self, r: M2M_VMA_PROTECT) -> Result<OK, Refusal> {
         let p = self.owner_proc(&r.who)?;
-        let mut g = p.lock().unwrap();
+        let mut g = self.live(&p)?;
         let parts = g.vmas.carve(r.start, r.end);
         let writable = r.prot & PROT_WRITE != 0 && self.charges_mappings();
         if writable {
@@ -76,7 +74,7 @@ impl<P: Peers> Mem<P> {
 
     pub(crate) fn discard(&self, r: M2M_DISCARD) -> Result<OK, Refusal> {
         let p = self.owner_proc(&r.who)?;
-        let mut g = p.lock().unwrap();
+        let mut g = self.live(&p)?;
         g.pages.revoke();
         let deltas = self.free_pages(&mut g, r.start, r.end);
         self.release_and_forward(&p, g, &r.who, deltas)?;
@@ -91,7 +89,7 @@ impl<P: Peers> Mem<P> {
             end,
         } = r;
         let p = self.owner_proc(&parent)?;
-        let g = p.lock().unwrap();
+        let g = self.live(&p)?;
         g.pages.revoke();
         let mut vmas = VmaMap::default();
         let mut need = 0;
@@ -132,7 +130,7 @@ impl<P: Peers> Mem<P> {
                 )))
             })
             .clone();
-        let mut c = cp.lock().unwrap();
+        let mut c = self.live(&cp)?;
         // The child's vRegions arrive one message each; a child id that names another
         // process (of another vNode or pComponent) is not merged into.
         if c.vnode != parent.vnode || c.creator != g.creator {
@@ -172,7 +170,7 @@ impl<P: Peers> Mem<P> {
     pub(crate) fn owner_exit(&self, r: M2M_EXIT) -> Result<OK, Refusal> {
         let p = self.owned.lock().unwrap().remove(&r.who.pid);
         if let Some(p) = p {
-            let g = p.lock().unwrap();
+            let mut g = p.lock().unwrap();
             // After what is still queued for them; on each sComponent once (the file index is
             // not used).
             let mut scomps: Vec<u32> = Vec::new();
@@ -183,7 +181,7 @@ impl<P: Peers> Mem<P> {
                         .push(&l.scomp, g.file(0), l.epoch, Op::DropProcess, None);
                 }
             }
-            self.let_go(&g);
+            self.let_go(&mut g);
         }
         Ok(OK)
     }

@@ -46,7 +46,7 @@ impl<P: Peers> Mem<P> {
     pub(crate) fn set_epoch(&self, r: M2M_EPOCH) -> Result<OK, Refusal> {
         let p = self.owner_proc(&r.who)?;
         loop {
-            let mut g = p.lock().unwrap();
+            let mut g = self.live(&p)?;
             g.pages.revoke();
             g.epoch = g.epoch.max(r.who.epoch);
             if g.forwarding == 0 {
@@ -59,7 +59,7 @@ impl<P: Peers> Mem<P> {
 
     pub(crate) fn read_pages(&self, r: M2M_READ_PAGES) -> Result<M2M_PAGES, Refusal> {
         let p = self.owner_proc(&r.who)?;
-        let g = p.lock().unwrap();
+        let g = self.live(&p)?;
         // What is read must not change under the reader (a rebuild, mremap copying it).
         g.pages.revoke();
         let max = r.max as usize;
@@ -118,7 +118,7 @@ impl<P: Peers> Mem<P> {
 
     pub(crate) fn put_pages(&self, r: M2M_PUT_PAGES) -> Result<OK, Refusal> {
         let p = self.owner_proc(&r.who)?;
-        let mut g = p.lock().unwrap();
+        let mut g = self.live(&p)?;
         g.pages.revoke();
         let mut deltas = Deltas::new();
         let stored = r.pages.iter().try_for_each(|(vpn, data)| match r.put {
@@ -171,7 +171,7 @@ impl<P: Peers> Mem<P> {
                 .map_err(SetError::from)?;
         }
         let p = self.owner_from_home(&who, creator, None)?;
-        let mut g = p.lock().unwrap();
+        let mut g = self.live(&p)?;
         g.pages.revoke();
         if set.owners.iter().any(|o| o.id == self.peers.id()) {
             g.sets.insert(set.index, set);
@@ -205,7 +205,7 @@ impl<P: Peers> Mem<P> {
         step: LogStep,
     ) -> Result<OK, Refusal> {
         let p = self.owner_from_home(&who, creator, None)?;
-        let mut g = p.lock().unwrap();
+        let mut g = self.live(&p)?;
         g.pages.revoke();
         let me = self.peers.id();
         let idx = set.index;
@@ -308,7 +308,7 @@ impl<P: Peers> Mem<P> {
     /// Page changes from the owners of a striped set this mComponent is parity member of.
     pub(crate) fn parity(&self, r: M2M_PARITY) -> Result<OK, Refusal> {
         let p = self.owner_proc(&r.who)?;
-        let mut g = p.lock().unwrap();
+        let mut g = self.live(&p)?;
         // A change from a member the home has not told of the new sets (it was cut off from
         // the home, and its place rebuilt elsewhere) must not reach the parity: the sender
         // undoes its store and the pComponent writes again on the new sets.

@@ -381,3 +381,48 @@ fn an_mmap_waits_for_managers_that_do_not_answer_and_maps_when_they_are_back() {
         .expect("the new vRegion takes write-backs");
     check_pages(&rig, HOME, &who, 1, 1);
 }
+
+/// A write-back that found a process on its owner just before the process's exit freed it
+/// there (both waiting on the process, in either order) leaves nothing charged: were it to
+/// store its page into the process let go, that page would be held for no process, for good.
+#[test]
+fn a_write_back_racing_its_process_exit_leaves_no_memory_taken_on_the_owner() {
+    let rig = Rig::new(2, Replication::None);
+    for pid in 1..=16 {
+        let who = rig.process(pid, 1, 1);
+        let owner = ids(&rig.set(HOME, &who, idx(0)))[0];
+        assert_ne!(owner, HOME, "the home holds no pages here");
+        let epoch = rig.sets(HOME, &who).epoch;
+        let held = rig.mem(owner).owned.lock().unwrap()[&pid].clone();
+        let process = held.lock().unwrap();
+        let (net, page) = (rig.net.clone(), vpn(0, 1));
+        let late = Who { epoch, ..who.clone() };
+        let flush = std::thread::spawn(move || {
+            net.send(
+                PCOMP,
+                &addr(owner),
+                P2M_FLUSH {
+                    who: late,
+                    vpn: page,
+                    data: seal_page(&content(page, 0)),
+                },
+                How::Rpc,
+            )
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        let net = rig.net.clone();
+        let gone = who.clone();
+        let exit = std::thread::spawn(move || net.send(PCOMP, &addr(HOME), P2M_EXIT { who: gone }, How::Rpc));
+        std::thread::sleep(Duration::from_millis(30));
+        drop(process);
+        // Refused or stored before the exit: either is right.
+        let _ = flush.join().unwrap();
+        exit.join().unwrap().expect("exit");
+        let s = rig.stats(owner);
+        assert_eq!(
+            (s["taken"].as_u64(), s["used"].as_u64()),
+            (Some(0), Some(0)),
+            "process {pid}: {s}"
+        );
+    }
+}
