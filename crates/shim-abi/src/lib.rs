@@ -155,7 +155,7 @@ pub const MREMAP_FIXED: u64 = 2;
 /// One request. Argument meaning by op:
 /// Mmap(a=hint, b=len, c=prot, d=MMAP_FIXED | MMAP_NORESERVE | MMAP_AT_HINT) -> val=addr; Munmap(a=addr, b=len);
 /// Mprotect(a, b, c=prot); Dontneed(a, b); Mremap(a=old, b=old_len, c=new_len, d=flags,
-/// e=new addr if MREMAP_FIXED) -> val=addr; ForkPrepare -> val=token; ForkAbort(a=token);
+/// e=new addr if MREMAP_FIXED) -> val=addr; ForkPrepare -> val=token; ForkAbort(a=token, b=errno of the fork that failed);
 /// RunStats(a=run id) -> val=length of the JSON that follows.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]

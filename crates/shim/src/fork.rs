@@ -104,6 +104,7 @@ pub extern "C" fn fork() -> pid_t {
         request_locked(&ShimReq {
             op: Op::ForkAbort as u32,
             a: r.val,
+            b: e as u64,
             ..Default::default()
         });
         set_errno(e);

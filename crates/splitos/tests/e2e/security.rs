@@ -1776,5 +1776,11 @@ fn forks_over_the_program_cap_fail_with_eagain_in_the_parent_and_no_child_is_ref
         "{}",
         c.log("proc0")
     );
-    assert!(!c.log("proc0").contains("too many of the user's programs run here"));
+    let log = c.log("proc0");
+    assert!(!log.contains("too many of the user's programs run here"));
+    // The forks refused say why where the admin looks.
+    assert!(
+        log.contains("refused a fork: the user runs as many programs here as they may"),
+        "{log}"
+    );
 }

@@ -378,7 +378,13 @@ impl Pcomp {
                 }
                 Ok((m.addr, m.prot as u64))
             }
-            Some(Op::ForkPrepare) => self.fork_prepare(p).map(|t| (t, 0)),
+            Some(Op::ForkPrepare) => self.fork_prepare(p).map(|t| (t, 0)).map_err(|(errno, why)| {
+                static REFUSED: Refusals = Refusals::new("refused a fork");
+                if REFUSED.log_this(format_args!("uid {}", p.uid)) {
+                    tracing::warn!(pid = p.pid, errno, "refused a fork: {why}");
+                }
+                errno
+            }),
             Some(Op::ForkAbort) => {
                 let mine = {
                     let mut pending = self.pending.lock().unwrap();
@@ -388,6 +394,14 @@ impl Pcomp {
                     }
                 };
                 if let Some(c) = mine {
+                    static FAILED: Refusals = Refusals::new("a fork the pComponent had prepared failed in the kernel");
+                    if FAILED.log_this(format_args!("uid {}", p.uid)) {
+                        tracing::warn!(
+                            pid = p.pid,
+                            errno = r.b,
+                            "a fork the pComponent had prepared failed in the kernel"
+                        );
+                    }
                     let _ = c.memory.call_home(
                         &self.node,
                         P2M_EXIT {
@@ -409,13 +423,17 @@ impl Pcomp {
 
     /// Writes back the parent's dirty lines, has the home copy the address space for the
     /// child, and parks the child's state until its hello.
-    pub(super) fn fork_prepare(&self, p: &Arc<Proc>) -> Result<u64, i64> {
+    /// Refused with an errno, as fork(2) says, and why.
+    pub(super) fn fork_prepare(&self, p: &Arc<Proc>) -> Result<u64, (i64, String)> {
         // The child's program slot is taken here, not at its hello: forks in a row (or of
         // many processes at once) would otherwise all pass before their children said hello,
         // and the children over the cap would be refused after fork(2) had succeeded.
         let Some(program) = take_slot(&self.programs, p.uid, p.uid) else {
             // As fork(2) says when a user may not have more.
-            return Err(libc::EAGAIN as i64);
+            return Err((
+                libc::EAGAIN as i64,
+                "the user runs as many programs here as they may".into(),
+            ));
         };
         if self
             .pending
@@ -426,22 +444,35 @@ impl Pcomp {
             .count()
             >= PENDING_PER_PARENT
         {
-            return Err(libc::EAGAIN as i64);
+            return Err((
+                libc::EAGAIN as i64,
+                format!("{PENDING_PER_PARENT} children of this process have not started yet"),
+            ));
         }
         // The child's layout is the home's: it must not map what the parent unmapped.
-        self.release_kept(p, 0, u64::MAX)?;
+        self.release_kept(p, 0, u64::MAX)
+            .map_err(|errno| (errno, "the home did not take back ranges kept for reuse".into()))?;
         self.miss.write_back_range(&p.heap, 0, u64::MAX / PAGE).map_err(|e| {
-            tracing::warn!(pid = p.pid, error = %e, "fork failed: write-back");
-            libc::ENOMEM as i64
+            (
+                libc::ENOMEM as i64,
+                format!("writing back the parent's dirty lines failed: {e}"),
+            )
         })?;
         let child = crate::new_pid();
-        let forked = self.home_call(
-            p,
-            P2M_FORK {
-                parent: p.memory.who.clone(),
-                child,
-            },
-        )?;
+        let forked = self
+            .home_call(
+                p,
+                P2M_FORK {
+                    parent: p.memory.who.clone(),
+                    child,
+                },
+            )
+            .map_err(|errno| {
+                (
+                    errno,
+                    format!("the home did not copy the address space (errno {errno})"),
+                )
+            })?;
         let memory = Arc::new(ProcMemory::new(
             Who::new(p.memory.who.vnode.clone(), child),
             p.memory.home(),
