@@ -234,6 +234,8 @@ pub struct Node {
     /// Drawn when it starts: told in every registration, so that one repeated before its
     /// answer came gets the same id.
     start: u64,
+    /// The heartbeat period the managers told last, in ms ([`HEARTBEAT`] until they do).
+    beat_ms: AtomicU64,
 }
 
 impl Node {
@@ -283,6 +285,7 @@ impl Node {
                 leaving: Mutex::new(None),
                 fenced_by: AtomicU64::new(0),
                 start: splitos_rpc::auth::random_u64(),
+                beat_ms: AtomicU64::new(HEARTBEAT.as_millis() as u64),
             }),
             ep,
         ))
@@ -348,6 +351,7 @@ impl Node {
                 Ok(r) => {
                     self.id.store(r.id, Ordering::Relaxed);
                     splitos_rpc::messenger::set_component_id(r.id);
+                    self.told_period(r.beat_ms);
                     return Ok(r);
                 }
                 Err(e) => last = Some(e),
@@ -363,8 +367,21 @@ impl Node {
     /// it holds.
     pub fn mcomp_not_lost(&self, id: u32) -> bool {
         match &*self.heard.lock().unwrap() {
-            Some((at, lost)) => at.elapsed() < HEARTBEAT * MISSED_BEATS && !lost.contains(&id),
+            Some((at, lost)) => at.elapsed() < self.beat() * MISSED_BEATS && !lost.contains(&id),
             None => false,
+        }
+    }
+
+    /// How long it waits between heartbeats: the period the managers told it last.
+    pub fn beat(&self) -> Duration {
+        Duration::from_millis(self.beat_ms.load(Ordering::Relaxed))
+    }
+
+    /// The managers told a heartbeat period (0: none, as before).
+    fn told_period(&self, ms: u32) {
+        if ms != 0 {
+            self.beat_ms.store(ms as u64, Ordering::Relaxed);
+            crate::series::NODE_HEARTBEAT_PERIOD_MS.set(ms as f64);
         }
     }
 
@@ -419,6 +436,7 @@ impl Node {
                             tracing::info!(silent_s = silent.as_secs(), "the global managers answer heartbeats again");
                         }
                         *self.heard.lock().unwrap() = Some((Instant::now(), beat.lost_mcomps.clone()));
+                        self.told_period(beat.beat_ms);
                         // Acted on once `on_beat` returns: a fence drops everything before.
                         let fence = beat.fence;
                         on_beat(beat);
@@ -446,7 +464,7 @@ impl Node {
                         None => tracing::debug!(error = %e, "heartbeat to the global managers failed"),
                     },
                 }
-                std::thread::sleep(HEARTBEAT);
+                std::thread::sleep(self.beat());
                 }
             })
             .expect("spawn heartbeat");

@@ -17,6 +17,8 @@ splitos_metrics::series! {
     pub NODE_STOPS_NOTICED: Counter = "node_stops_noticed_total";
     /// Requests held after such a stop until the managers answered a heartbeat.
     pub NODE_REQUESTS_HELD_AFTER_STOPS: Counter = "node_requests_held_after_stops_total";
+    /// The heartbeat period the managers told this component last (ms; 300 until they tell one).
+    pub NODE_HEARTBEAT_PERIOD_MS: Gauge = "node_heartbeat_period_ms";
     /// Times the managers did not know this component at a heartbeat and it registered again.
     pub NODE_REGISTRATIONS_AGAIN: Counter = "node_registrations_again_total";
     /// Placement policies the managers swapped in while the cluster ran.

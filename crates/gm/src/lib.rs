@@ -36,6 +36,7 @@
 //! with them; they start it through the function `run` is given, so the managers' own code
 //! imports nothing of it.
 pub mod api;
+mod beat;
 pub mod clock;
 pub mod cordon;
 mod detach;
@@ -66,7 +67,7 @@ use std::time::{Duration, Instant};
 use splitos_rpc::*;
 
 use splitos_core::config::GmArgs;
-use splitos_core::node::{self, HEARTBEAT, MISSED_BEATS};
+use splitos_core::node;
 use splitos_core::placement::Unit;
 use splitos_core::state;
 use splitos_core::topology::host_of;
@@ -212,6 +213,8 @@ pub struct Gm {
     forget_dead: Duration,
     /// How long a pComponent may be silent before the mComponents release its processes.
     reclaim_dead: Duration,
+    /// The heartbeat period told to the components, which grows with the cluster.
+    period: beat::Period,
     comps: Mutex<Comps>,
     /// Held by a registration throughout, `comps` only while it reads and changes it.
     registering: Mutex<()>,

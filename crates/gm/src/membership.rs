@@ -57,7 +57,7 @@ impl Gm {
     }
 
     pub(super) fn alive(&self, e: &Entry) -> bool {
-        self.since(e.last) < HEARTBEAT * MISSED_BEATS
+        self.since(e.last) < self.period.alive_for()
     }
 
     /// Whether a pComponent or mComponent is declared lost: its programs or its copies are
@@ -428,10 +428,27 @@ impl Gm {
             overcommit: self.overcommit,
             fence,
             vnodes: self.vnodes.version(),
+            beat_ms: self.period.tell(comps.len(), self.now()).as_millis() as u32,
         })
     }
 
+    /// Answers a heartbeat, with the period to the next one.
     pub(super) fn heartbeat(&self, r: X2G_HEARTBEAT) -> Result<G2X_BEAT, Refusal> {
+        let answer = self.answer_heartbeat(r)?;
+        crate::series::HEARTBEATS.increment(1);
+        Ok(G2X_BEAT {
+            beat_ms: self.beat_ms(),
+            ..answer
+        })
+    }
+
+    /// The heartbeat period to tell a component now, in ms.
+    fn beat_ms(&self) -> u32 {
+        let components = self.comps.lock().unwrap().len();
+        self.period.tell(components, self.now()).as_millis() as u32
+    }
+
+    fn answer_heartbeat(&self, r: X2G_HEARTBEAT) -> Result<G2X_BEAT, Refusal> {
         // A list out of bounds keeps the one registered: a heartbeat refused would make the
         // component look dead.
         let ebbs = checked_ebbs(r.ebbs)
@@ -445,7 +462,7 @@ impl Gm {
         let mut comps = self.comps();
         {
             let mut last_any = self.last_any.lock().unwrap();
-            if self.since(*last_any) > HEARTBEAT * MISSED_BEATS {
+            if self.since(*last_any) > self.period.alive_for() {
                 tracing::warn!(
                     silent_ms = self.since(*last_any).as_millis() as u64,
                     "the global managers heard no heartbeat for a while (they were stalled or cut off): every component gets a fresh start before any is taken for lost"

@@ -50,6 +50,11 @@ impl Gm {
             rebalancing: Mutex::new(None),
             forget_dead,
             reclaim_dead: Duration::from_millis(cfg.reclaim_dead_ms),
+            period: beat::Period::new(
+                cfg.heartbeats_per_s,
+                Duration::from_millis(cfg.reclaim_dead_ms),
+                clock.now(),
+            ),
             comps: Mutex::new(
                 Gm::resume(&state, clock.now())?
                     .into_iter()

@@ -2,8 +2,8 @@
 //! the real managers (one leader, its state in memory, every write counted) and thousands of
 //! components played in the same thread under the simulation's clock (clock.rs), so that what
 //! is measured is the managers' own work, without the transport, the kernel, etcd or a load
-//! generator sharing the cores. Components register at a steady rate, then heartbeat every
-//! 300 ms at phases of their own; placement questions come at a steady rate; `fail`
+//! generator sharing the cores. Components register at a steady rate, then heartbeat at
+//! phases of their own, every period the managers tell them; placement questions come at a steady rate; `fail`
 //! mComponents fall silent halfway through the window. The time each request takes the
 //! managers is measured on the host's clock; everything else runs in simulated time. The
 //! managers run with `splitos gm`'s defaults (no replication, as the over-the-wire runs'
@@ -136,6 +136,8 @@ struct Comp {
     played: Played,
     id: u32,
     phase: Duration,
+    /// The heartbeat period the managers told it last.
+    period: Duration,
 }
 
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
@@ -143,6 +145,11 @@ enum Event {
     Register(usize),
     Beat(usize),
     Pick(u64),
+}
+
+/// A heartbeat period the managers told (0: none).
+pub fn told(ms: u32) -> Option<Duration> {
+    (ms != 0).then(|| Duration::from_millis(ms as u64))
 }
 
 /// Request times, in ns.
@@ -193,6 +200,7 @@ pub fn run(s: &Scale) -> anyhow::Result<serde_json::Value> {
             played: played(i, s.hosts, &mut rng),
             id: 0,
             phase: HEARTBEAT.mul_f64(rng.random::<f64>()),
+            period: HEARTBEAT,
         })
         .collect();
     let failing = failing(s.components, s.hosts, s.fail)?;
@@ -244,7 +252,6 @@ pub fn run(s: &Scale) -> anyhow::Result<serde_json::Value> {
                 if failing.contains(&i) && at >= fail_at {
                     continue;
                 }
-                events.push(Reverse((at + HEARTBEAT, Event::Beat(i))));
                 Msg::X2G_HEARTBEAT(X2G_HEARTBEAT {
                     id: comps[i].id,
                     addr: comps[i].played.addr.clone(),
@@ -281,6 +288,7 @@ pub fn run(s: &Scale) -> anyhow::Result<serde_json::Value> {
         match (event, answer) {
             (Event::Register(i), Msg::G2X_REGISTERED(r)) => {
                 comps[i].id = r.id;
+                comps[i].period = told(r.beat_ms).unwrap_or(comps[i].period);
                 if comps[i].played.role == Role::Mem {
                     mems.push(r.id);
                 }
@@ -290,6 +298,8 @@ pub fn run(s: &Scale) -> anyhow::Result<serde_json::Value> {
                 events.push(Reverse((next, Event::Beat(i))));
             }
             (Event::Beat(i), Msg::G2X_BEAT(b)) => {
+                comps[i].period = told(b.beat_ms).unwrap_or(comps[i].period);
+                events.push(Reverse((at + comps[i].period, Event::Beat(i))));
                 if in_window {
                     beats.0.push(ns);
                     beats_in_window += 1;
@@ -309,7 +319,12 @@ pub fn run(s: &Scale) -> anyhow::Result<serde_json::Value> {
                 0 => homes.0.push(ns),
                 _ => owners.0.push(ns),
             },
-            (_, Msg::ERR(e)) => *errors.entry(format!("{:?}: {}", e.code, e.msg)).or_default() += 1,
+            (event, Msg::ERR(e)) => {
+                if let Event::Beat(i) = event {
+                    events.push(Reverse((at + comps[i].period, Event::Beat(i))));
+                }
+                *errors.entry(format!("{:?}: {}", e.code, e.msg)).or_default() += 1
+            }
             _ => {}
         }
     }
@@ -321,12 +336,13 @@ pub fn run(s: &Scale) -> anyhow::Result<serde_json::Value> {
         .collect();
     delays.sort_by(f64::total_cmp);
     let registered_s = (register_every * s.components as u32).as_secs_f64();
+    let period = comps.iter().map(|c| c.period).max().unwrap_or(HEARTBEAT);
     Ok(serde_json::json!({
         "simulated": true,
         "seed": s.seed,
         "components": s.components,
         "hosts": s.hosts,
-        "heartbeat_ms": HEARTBEAT.as_millis() as u64,
+        "heartbeat_ms": period.as_millis() as u64,
         "seconds": s.seconds,
         "register": {
             "seconds": registered_s,
@@ -340,7 +356,7 @@ pub fn run(s: &Scale) -> anyhow::Result<serde_json::Value> {
         "beats": {
             "in_window": beats_in_window,
             "per_s": beats_in_window as f64 / window_s,
-            "expected_per_s": s.components as f64 / HEARTBEAT.as_secs_f64(),
+            "expected_per_s": s.components as f64 / period.as_secs_f64(),
             "latency": beats.summary(),
         },
         "picks": {

@@ -9,6 +9,10 @@ splitos_metrics::series! {
     pub FOLLOWER_REQUESTS: Counter = "gm_follower_requests_total";
     /// Components known, alive or not yet forgotten.
     pub COMPONENTS: Gauge = "gm_components";
+    /// Heartbeats answered.
+    pub HEARTBEATS: Counter = "gm_heartbeats_total";
+    /// The heartbeat period the managers tell the components now (ms).
+    pub HEARTBEAT_PERIOD_MS: Gauge = "gm_heartbeat_period_ms";
     /// Components known from the state when this manager started to lead.
     pub COMPONENTS_RESUMED: Gauge = "gm_components_resumed";
     /// Views of the cluster worked out for heartbeats' answers (each serves those of up to

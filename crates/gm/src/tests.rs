@@ -5,6 +5,7 @@
 //! follower's answers through an election of the test's ([`Election`]).
 use super::*;
 use manager::{Lead, Manager};
+use splitos_core::node::{HEARTBEAT, MISSED_BEATS};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -785,3 +786,37 @@ fn a_leader_whose_lease_lapses_while_it_answers_sends_a_refusal_instead() {
 
 mod lost;
 mod sim;
+
+/// Beyond `heartbeats_per_s` times 300 ms, the managers tell every component a longer
+/// period, judge it alive by that period, and still declare it lost after `reclaim_dead`.
+#[test]
+fn a_cluster_larger_than_the_heartbeat_budget_is_told_a_longer_period_and_judged_by_it() {
+    let r = Rig::new(|c| {
+        c.heartbeats_per_s = 4;
+        c.reclaim_dead_ms = 6_000;
+    });
+    let p = r.join(Role::Proc, "10.0.0.9:7000", 0);
+    let told = r.beat(p, "10.0.0.9:7000", Load::default()).unwrap().beat_ms;
+    assert_eq!(told, 300, "one component: the usual period");
+    let mems: Vec<u32> = (1..=4)
+        .map(|i| r.join(Role::Mem, &format!("10.0.0.{i}:7000"), GIB))
+        .collect();
+    // Five components at four beats a second: 1.25 s, to the next step.
+    let b = r.beat(mems[0], "10.0.0.1:7000", Load::default()).unwrap();
+    assert_eq!(b.beat_ms, 1_300);
+    // Silent for three of its periods (longer than four of the usual ones): still alive.
+    r.silent(mems[1], Duration::from_millis(3_900));
+    assert!(r.info(mems[1]).unwrap().alive, "judged by its period");
+    r.silent(mems[1], Duration::from_millis(5_300));
+    let late = r.info(mems[1]).unwrap();
+    assert!(!late.alive && !late.lost, "late after four of its periods: {late:?}");
+    r.silent(mems[1], Duration::from_millis(6_100));
+    assert!(r.info(mems[1]).unwrap().lost, "lost after reclaim_dead, as ever");
+    // Off: 300 ms whatever the size.
+    drop(r);
+    let off = Rig::new(|c| c.heartbeats_per_s = 0);
+    let ids: Vec<u32> = (1..=5)
+        .map(|i| off.join(Role::Mem, &format!("10.0.1.{i}:7000"), GIB))
+        .collect();
+    assert_eq!(off.beat(ids[0], "10.0.1.1:7000", Load::default()).unwrap().beat_ms, 300);
+}

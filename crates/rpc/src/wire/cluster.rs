@@ -245,6 +245,7 @@ impl G2X_BEAT {
             exit: false,
             rebalance: None,
             keep: Vec::new(),
+            beat_ms: 0,
         }
     }
 }
@@ -288,7 +289,8 @@ message_types! {
     /// `fence`: as in `G2X_BEAT`, for an mComponent that registers again after it was
     /// declared lost (and forgotten).
     /// `vnodes`: the version of the vNodes' table, as in `G2X_BEAT`.
-    G2X_REGISTERED { pub id: u32, pub vregion_size: u64, pub replication: Replication, pub overcommit: Overcommit, pub fence: u64, pub vnodes: u64 };
+    /// `beat_ms`: the heartbeat period, as in `G2X_BEAT`.
+    G2X_REGISTERED { pub id: u32, pub vregion_size: u64, pub replication: Replication, pub overcommit: Overcommit, pub fence: u64, pub vnodes: u64, pub beat_ms: u32 };
     /// Answered `ERR NotFound` unless `id` is registered at `addr`: the sender re-registers.
     /// `links`: what the sender last measured of its links to the components it uses (the
     /// topology graph's measured links).
@@ -315,7 +317,9 @@ message_types! {
     /// fullest for its capacity, off which each home moves one vRegion of its processes now.
     /// `keep` (to mComponents): the vNodes with a memory quota whose home the receiver is, and
     /// their quotas: it keeps that much of its memory for each, which no other vNode takes.
-    G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fence: u64, pub memory: u64, pub vnodes: u64, pub cordoned: bool, pub leaving: Vec<u32>, pub exit: bool, pub rebalance: Option<u32>, pub keep: Vec<(String, u64)> };
+    /// `beat_ms`: how long the receiver waits before its next heartbeat (0: as it did): the
+    /// managers lengthen it in a large cluster (`[cluster] heartbeats_per_s`).
+    G2X_BEAT { pub lost: Vec<LostPcomp>, pub lost_mcomps: Vec<u32>, pub fence: u64, pub memory: u64, pub vnodes: u64, pub cordoned: bool, pub leaving: Vec<u32>, pub exit: bool, pub rebalance: Option<u32>, pub keep: Vec<(String, u64)>, pub beat_ms: u32 };
     C2G_STATUS;
     /// `api`: where the global managers serve the REST API, if they do; `metrics`: where
     /// they serve their own Prometheus metrics. `leader`: the manager that leads (the one

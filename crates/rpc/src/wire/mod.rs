@@ -64,7 +64,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// Version 28 told fences until they are acted on: `G2X_BEAT.fence` and
 /// `G2X_REGISTERED.fence` (a number, where `fenced` was a flag), named back in
 /// `X2G_HEARTBEAT.fenced_by` and `X2G_REGISTER.fenced_by`; and `X2G_REGISTER.start`.
-pub const WIRE_VERSION: u16 = 28;
+/// Version 29 added the heartbeat period the managers tell: `G2X_BEAT.beat_ms` and
+/// `G2X_REGISTERED.beat_ms`.
+pub const WIRE_VERSION: u16 = 29;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;

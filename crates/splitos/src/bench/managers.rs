@@ -2,13 +2,14 @@
 //! placement questions of thousands of components, which this process plays over the wire
 //! protocol (docs/benchmarks.md, "The managers at datacenter scale").
 //!
-//! Every simulated component registers, then heartbeats every [`HEARTBEAT`] at a phase of its
-//! own, as a component does; halfway through the measured window `--fail` mComponents fall
+//! Every simulated component registers, then heartbeats at a phase of its own, every period
+//! the managers told it ([`HEARTBEAT`] until they do), as a component does; halfway through the measured window `--fail` mComponents fall
 //! silent, and the time until the managers' heartbeat answers name them lost is their
 //! failover delay. Placement questions (a new process's home, a vRegion's owner) are asked at
 //! a steady rate meanwhile and timed. The managers' CPU time and memory are read from /proc,
 //! their state writes from their own counter.
-use std::collections::{HashMap, HashSet};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -19,7 +20,7 @@ use hdrhistogram::Histogram;
 use super::hist;
 use rand::Rng;
 use splitos_core::node::HEARTBEAT;
-use splitos_gm::scale::{failing, played, Played};
+use splitos_gm::scale::{failing, played, told, Played};
 use splitos_rpc::{Role, Rpc, TransportConfig, M2G_PICK_OWNER, P2G_PICK_HOME, X2G_HEARTBEAT, X2G_REGISTER};
 
 /// What `splitos bench-managers` is asked to simulate.
@@ -131,6 +132,8 @@ struct Seen {
     register: Mutex<Option<Histogram<u64>>>,
     beats_in_window: AtomicU64,
     late: AtomicU64,
+    /// The longest heartbeat period the managers told (ms).
+    period_ms: AtomicU64,
     errors: Mutex<HashMap<String, u64>>,
     /// When a failed mComponent's last heartbeat was answered.
     last_answered: Mutex<HashMap<u32, Instant>>,
@@ -194,7 +197,8 @@ impl Plan {
 }
 
 /// Sender `t` of `senders`: each of its components registers at its first turn (as a
-/// component starts), then heartbeats at each, until the window closes.
+/// component starts), then heartbeats at each, every period the managers told it last, until
+/// the window closes.
 fn sender(t: usize, senders: usize, plan: &Plan, seen: &Seen) {
     let a = &plan.args;
     let conns = plan.rpcs.len();
@@ -203,37 +207,33 @@ fn sender(t: usize, senders: usize, plan: &Plan, seen: &Seen) {
         .collect();
     let mut rng = rand::rng();
     let sims: Vec<Played> = mine.iter().map(|&i| played(i, a.hosts, &mut rng)).collect();
-    let mut order: Vec<(Duration, usize)> = (0..mine.len())
-        .map(|k| (HEARTBEAT.mul_f64(rng.random::<f64>()), k))
+    let mut turns: BinaryHeap<Reverse<(Instant, usize)>> = (0..mine.len())
+        .map(|k| Reverse((plan.start + HEARTBEAT.mul_f64(rng.random::<f64>()), k)))
         .collect();
-    order.sort();
+    let mut period = vec![HEARTBEAT; mine.len()];
     let (mut beats, mut register) = (hist(), hist());
     // This sender's share of the registrations a second.
     let register_every = Duration::from_secs(1).mul_f64(senders as f64 / a.registrations_per_s.max(1) as f64);
     let mut next_registration = plan.start;
     // The ids of the failing components, known once all registered.
     let mut failing_ids: Option<HashMap<u32, usize>> = None;
-    'rounds: for round in 0u32.. {
-        for &(phase, k) in &order {
-            let due = plan.start + HEARTBEAT * round + phase;
-            let window = plan.window();
-            if window.is_some_and(|(_, close)| due >= close) {
-                break 'rounds;
-            }
-            let now = Instant::now();
-            if now < due {
-                std::thread::sleep(due - now);
-            } else if now - due > LATE {
-                seen.late.fetch_add(1, Ordering::Relaxed);
-            }
-            let (i, s) = (mine[k], &sims[k]);
-            let rpc = &plan.rpcs[i % a.hosts % conns];
-            let id = plan.ids[i].load(Ordering::Relaxed);
-            let t0 = Instant::now();
-            if id == 0 {
-                if t0 < next_registration {
-                    continue;
-                }
+    while let Some(Reverse((due, k))) = turns.pop() {
+        let window = plan.window();
+        if window.is_some_and(|(_, close)| due >= close) {
+            break;
+        }
+        let now = Instant::now();
+        if now < due {
+            std::thread::sleep(due - now);
+        } else if now - due > LATE {
+            seen.late.fetch_add(1, Ordering::Relaxed);
+        }
+        let (i, s) = (mine[k], &sims[k]);
+        let rpc = &plan.rpcs[i % a.hosts % conns];
+        let id = plan.ids[i].load(Ordering::Relaxed);
+        let t0 = Instant::now();
+        if id == 0 {
+            if t0 >= next_registration {
                 next_registration = t0 + register_every;
                 let reg = X2G_REGISTER {
                     role: s.role,
@@ -251,59 +251,67 @@ fn sender(t: usize, senders: usize, plan: &Plan, seen: &Seen) {
                 match rpc.call(&plan.gm, reg) {
                     Ok(r) => {
                         plan.ids[i].store(r.id, Ordering::Relaxed);
+                        period[k] = told(r.beat_ms).unwrap_or(period[k]);
                         let _ = register.record(t0.elapsed().as_nanos() as u64);
                     }
                     Err(e) => seen.error(format_args!("register: {e}")),
                 }
+            }
+            turns.push(Reverse((due + period[k], k)));
+            continue;
+        }
+        let fail_at = plan.fail_at();
+        if plan.failing.contains(&i) && fail_at.is_some_and(|f| due >= f) {
+            // Silent from now on.
+            continue;
+        }
+        let beat = X2G_HEARTBEAT {
+            id,
+            addr: s.addr.clone(),
+            load: s.load.clone(),
+            links: Vec::new(),
+            leaving: None,
+            ebbs: Vec::new(),
+            fenced_by: 0,
+        };
+        let answer = rpc.call(&plan.gm, beat);
+        let at = Instant::now();
+        let answer = match answer {
+            Ok(b) => b,
+            Err(e) => {
+                seen.error(format_args!("heartbeat: {e}"));
+                turns.push(Reverse((due + period[k], k)));
                 continue;
             }
-            let fail_at = plan.fail_at();
-            if plan.failing.contains(&i) && fail_at.is_some_and(|f| due >= f) {
-                continue;
-            }
-            let beat = X2G_HEARTBEAT {
-                id,
-                addr: s.addr.clone(),
-                load: s.load.clone(),
-                links: Vec::new(),
-                leaving: None,
-                ebbs: Vec::new(),
-                fenced_by: 0,
-            };
-            let answer = rpc.call(&plan.gm, beat);
-            let at = Instant::now();
-            let answer = match answer {
-                Ok(b) => b,
-                Err(e) => {
-                    seen.error(format_args!("heartbeat: {e}"));
-                    continue;
+        };
+        period[k] = told(answer.beat_ms).unwrap_or(period[k]);
+        seen.period_ms
+            .fetch_max(period[k].as_millis() as u64, Ordering::Relaxed);
+        turns.push(Reverse((due + period[k], k)));
+        if window.is_some_and(|(open, _)| t0 >= open) {
+            let _ = beats.record((at - t0).as_nanos() as u64);
+            seen.beats_in_window.fetch_add(1, Ordering::Relaxed);
+        }
+        if plan.failing.contains(&i) {
+            seen.last_answered.lock().unwrap().insert(id, at);
+        }
+        if failing_ids.is_none() && window.is_some() {
+            failing_ids = Some(
+                plan.failing
+                    .iter()
+                    .map(|&f| (plan.ids[f].load(Ordering::Relaxed), f))
+                    .collect(),
+            );
+        }
+        for lost in answer.lost_mcomps.iter().chain(answer.lost.iter().map(|l| &l.id)) {
+            let failing = failing_ids.as_ref().is_some_and(|f| f.contains_key(lost));
+            // A failing one named before it fell silent was lost wrongly too.
+            match fail_at.filter(|f| failing && at > *f) {
+                Some(_) => {
+                    seen.named_lost.lock().unwrap().entry(*lost).or_insert(at);
                 }
-            };
-            if window.is_some_and(|(open, _)| t0 >= open) {
-                let _ = beats.record((at - t0).as_nanos() as u64);
-                seen.beats_in_window.fetch_add(1, Ordering::Relaxed);
-            }
-            if plan.failing.contains(&i) {
-                seen.last_answered.lock().unwrap().insert(id, at);
-            }
-            if failing_ids.is_none() && window.is_some() {
-                failing_ids = Some(
-                    plan.failing
-                        .iter()
-                        .map(|&f| (plan.ids[f].load(Ordering::Relaxed), f))
-                        .collect(),
-                );
-            }
-            for lost in answer.lost_mcomps.iter().chain(answer.lost.iter().map(|l| &l.id)) {
-                let failing = failing_ids.as_ref().is_some_and(|f| f.contains_key(lost));
-                // A failing one named before it fell silent was lost wrongly too.
-                match fail_at.filter(|f| failing && at > *f) {
-                    Some(_) => {
-                        seen.named_lost.lock().unwrap().entry(*lost).or_insert(at);
-                    }
-                    None => {
-                        seen.wrongly_lost.lock().unwrap().insert(*lost);
-                    }
+                None => {
+                    seen.wrongly_lost.lock().unwrap().insert(*lost);
                 }
             }
         }
@@ -484,7 +492,7 @@ pub fn managers(args: ManagersArgs, admin: &Path) -> anyhow::Result<()> {
             "components": a.components,
             "hosts": a.hosts,
             "connections": plan.rpcs.len(),
-            "heartbeat_ms": HEARTBEAT.as_millis() as u64,
+            "heartbeat_ms": seen.period_ms.load(Ordering::Relaxed),
             "seconds": a.seconds,
             "register": {
                 "seconds": registered_s,
@@ -502,7 +510,7 @@ pub fn managers(args: ManagersArgs, admin: &Path) -> anyhow::Result<()> {
             "beats": {
                 "in_window": seen.beats_in_window.load(Ordering::Relaxed),
                 "per_s": seen.beats_in_window.load(Ordering::Relaxed) as f64 / window_s,
-                "expected_per_s": a.components as f64 / HEARTBEAT.as_secs_f64(),
+                "expected_per_s": a.components as f64 * 1000.0 / seen.period_ms.load(Ordering::Relaxed).max(1) as f64,
                 "sent_late": seen.late.load(Ordering::Relaxed),
                 "latency": summary(&beats),
             },

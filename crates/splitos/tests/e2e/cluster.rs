@@ -1184,3 +1184,90 @@ fn a_heap_growing_while_the_only_manager_restarts_waits_for_it_and_prints_as_nat
         .sum();
     assert!(waited >= 1.0, "the home waited for the manager to place a new vRegion");
 }
+
+/// A cluster with more components than `[cluster] heartbeats_per_s` allows at the usual
+/// 300 ms: the managers tell every component a longer period, each component beats at it (its
+/// own gauge, and the managers count fewer heartbeats), none looks late for it, programs run
+/// as natively, and a killed mComponent is still declared lost after the silence limit and
+/// not before.
+#[test]
+fn a_cluster_over_its_heartbeat_budget_beats_slower_and_still_declares_a_killed_component_lost() {
+    let c = TestCluster::up(Some(
+        "[cluster]\nheartbeats_per_s = 4\nreclaim_dead_ms = 5000\nreplication = \"replica\"\nvregion_size = \"4M\"\n\
+         [[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[mcomponent]]\n[[mcomponent]]\n",
+    ));
+    let gm = c.status()["gm"].as_str().unwrap().to_string();
+    let members: Vec<(String, String)> = c.status()["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["addr"].as_str().unwrap().to_string(),
+                m["role"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    // N components at four beats a second, by steps of 100 ms, at most reclaim_dead / 4.
+    let n = members.len() as u64;
+    let period = (n * 1000 / 4).div_ceil(100).max(3) * 100;
+    let period = period.min(1250);
+    assert!(period > 300, "{n} components: a longer period than 300 ms");
+    assert!(
+        c.eventually(Duration::from_secs(10), |c| c
+            .metric(&gm, "splitos_gm_heartbeat_period_ms")
+            == period as f64),
+        "the managers tell {period} ms"
+    );
+    for (addr, role) in &members {
+        assert!(
+            c.eventually(Duration::from_secs(10), |c| c
+                .metric(addr, "splitos_node_heartbeat_period_ms")
+                == period as f64),
+            "the {role} at {addr} beats every {period} ms"
+        );
+    }
+    let memtouch = program("memtouch");
+    let cmd = [memtouch.to_str().unwrap(), "24"];
+    let want = text(&native(&cmd).stdout);
+    let before = c.metric(&gm, "splitos_gm_heartbeats_total");
+    let t0 = Instant::now();
+    let run = c.spawn(&[], &cmd);
+    // Each component beats four times as seldom as it did at 300 ms: none looks late.
+    while t0.elapsed() < Duration::from_secs(6) {
+        for m in c.status()["components"].as_array().unwrap() {
+            assert_eq!(m["alive"], true, "{m}");
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let beats = c.metric(&gm, "splitos_gm_heartbeats_total") - before;
+    let secs = t0.elapsed().as_secs_f64();
+    let at_300ms = n as f64 * secs / 0.3;
+    assert!(
+        beats < at_300ms / 2.0 && beats > n as f64 * secs / (period as f64 / 1000.0) / 2.0,
+        "{beats} heartbeats in {secs:.1} s from {n} components every {period} ms"
+    );
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(text(&out.stdout), want, "{}", text(&out.stderr));
+    // Killed: lost once silent for reclaim_dead_ms, not while it may only be late.
+    let victim = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
+    let id = c.components("mcomponent")[0]["id"].clone();
+    c.kill_component(c.pid_of_addr(&victim));
+    let killed = Instant::now();
+    let lost = |c: &TestCluster| {
+        c.status()["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["id"] == id && m["lost"] == true)
+    };
+    assert!(c.eventually(Duration::from_secs(15), lost), "declared lost");
+    // Its last beat came up to a period before the kill.
+    assert!(
+        killed.elapsed() >= Duration::from_millis(5_000 - period - 200),
+        "declared lost {:?} after the kill, before reclaim_dead_ms of silence",
+        killed.elapsed()
+    );
+    let out = c.run(&[], &cmd);
+    assert_eq!(text(&out.stdout), want, "{}", text(&out.stderr));
+}
