@@ -2,9 +2,14 @@
 """The global managers at datacenter scale (issue "reliability you can show", part 3): the
 real `splitos gm`, keeping its state in a real etcd (TLS, one member), under thousands of
 components that `splitos bench-managers` plays over the wire protocol: each registers, then
-heartbeats every 300 ms; one pComponent per host, one sComponent on every tenth host, the
+heartbeats at the period the managers tell it; one pComponent per host, one sComponent on every tenth host, the
 rest mComponents; placement questions (a new process's home, a vRegion's owner) at a steady
 rate; four mComponents falling silent halfway through the window.
+
+Each size runs in two configurations, interleaved: the default `[cluster] heartbeats_per_s`
+(8,000: beyond 2,400 components the managers lengthen every component's period) and
+`heartbeats_per_s = 0` ("fixed": every component beats every 300 ms whatever the size, as
+before the period was told).
 
 For each number of components (hosts = components / 10, one connection per host) it reports
 the managers' CPU (percent of one core) and resident memory, their state writes per second,
@@ -43,6 +48,7 @@ RECLAIM_DEAD_MS = 5000
 CONFIG = """[cluster]
 etcd = ["https://127.0.0.1:{etcd}"]
 reclaim_dead_ms = {reclaim}
+heartbeats_per_s = {per_s}
 [[gm]]
 listen = "127.0.0.1:{gm}"
 [[pcomponent]]
@@ -59,7 +65,11 @@ def run(cmd, env):
     return r.stdout
 
 
-def one(tmp, n, seconds):
+# The over-the-wire configurations: results key, `[cluster] heartbeats_per_s`.
+CONFIGS = (("sizes", 8000), ("fixed", 0))
+
+
+def one(tmp, n, seconds, per_s):
     """One run at `n` components: a fresh etcd and cluster, the load, then both stopped."""
     state = tempfile.mkdtemp(dir=tmp)
     env = dict(os.environ, SPLITOS_STATE_DIR=state, SPLITOS_DATA_DIR=os.path.join(state, "data"))
@@ -79,7 +89,7 @@ def one(tmp, n, seconds):
     try:
         wait_port(client, etcd, "etcd", log)
         cfg = os.path.join(state, "cluster.toml")
-        open(cfg, "w").write(CONFIG.format(etcd=client, gm=gm, reclaim=RECLAIM_DEAD_MS))
+        open(cfg, "w").write(CONFIG.format(etcd=client, gm=gm, reclaim=RECLAIM_DEAD_MS, per_s=per_s))
         run([SPLITOS, "cluster", "up", "--config", cfg], env)
         try:
             st = json.load(open(os.path.join(state, "cluster.json")))
@@ -124,7 +134,10 @@ def plot(res, path):
     sizes = sorted(res["sizes"], key=int)
     xs = [int(s) for s in sizes]
     fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
-    for key, label in (("sizes", "over the wire (etcd, TCP)"), ("simulated", "in the simulator")):
+    for key, label in (("sizes", "over the wire (etcd, TCP)"), ("fixed", "over the wire, 300 ms at every size"),
+                       ("simulated", "in the simulator")):
+        if not all(res.get(key, {}).get(s) for s in sizes):
+            continue
         cpu = [med(res[key][s], lambda r: r["gm"]["cpu_percent_of_one_core"]) for s in sizes]
         ax[0].errorbar(xs, [c[0] for c in cpu], yerr=[[c[0] - c[1] for c in cpu], [c[2] - c[0] for c in cpu]], marker="o", label=label)
     ax[0].axhline(20, color="grey", ls="--", label="goal: 20% of one core")
@@ -153,19 +166,22 @@ def report(res):
         "",
         machine_line(res) + f"The real `splitos gm` with its state in etcd (TLS, one member), loaded by `splitos bench-managers`: "
         "components on loopback hosts of their own (one pComponent per host, one sComponent on every tenth, the rest mComponents; "
-        "ten per host, one connection per host) registering, then heartbeating every 300 ms; "
+        "ten per host, one connection per host) registering, then heartbeating at the period the managers tell them "
+        "(`[cluster] heartbeats_per_s` = 8,000, the default: 300 ms up to 2,400 components, then longer by steps of 100 ms, up to reclaim_dead_ms / 4; "
+        "rows *fixed*: `heartbeats_per_s = 0`, every 300 ms at every size, as before the period was told, run interleaved with the others); "
         f"{res['picks_per_s']} placement questions a second (a home, an owner in turn); four mComponents falling silent halfway through "
         f"a {res['seconds']} s window; silence limit `reclaim_dead_ms` = {RECLAIM_DEAD_MS}. "
         f"Medians of {res['reps']} runs per size (sizes in a fresh random order each repetition), spread in parentheses. "
         "The simulated components share the machine's two cores with the managers and etcd.",
         "",
-        "| components | managers' CPU (% of one core) | RSS (MiB) | state writes/s | heartbeats/s (of expected) | heartbeat p99 (us) | home p99 (us) | owner p99 (us) | registration (/s) | failover, slowest (ms) | wrongly lost |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| components | period (ms) | managers' CPU (% of one core) | RSS (MiB) | state writes/s | heartbeats/s (of expected) | heartbeat p99 (us) | home p99 (us) | owner p99 (us) | registration (/s) | failover, slowest (ms) | wrongly lost |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for s in sizes:
-        runs = res["sizes"][s]
+    for s, key in [(s, key) for s in sizes for key, _ in CONFIGS if res.get(key, {}).get(s)]:
+        runs = res[key][s]
         lines.append("| " + " | ".join([
-            s,
+            s if key == "sizes" else f"{s}, *fixed*",
+            f"{runs[0]['heartbeat_ms']}",
             fmt(med(runs, lambda r: r["gm"]["cpu_percent_of_one_core"])),
             fmt(med(runs, lambda r: r["gm"]["rss_mib"]), 0),
             fmt(med(runs, lambda r: r["gm"]["state_writes_per_s"]), 2),
@@ -223,17 +239,19 @@ def main():
             sys.exit(f"--only-simulated: {saved} has no over-the-wire runs of {missing} components")
     else:
         res = {"machine": machine(), "load_before": os.getloadavg()[0], "reps": a.reps, "seconds": a.seconds,
-               "picks_per_s": 50, "reclaim_dead_ms": RECLAIM_DEAD_MS, "sizes": {str(n): [] for n in sizes}}
+               "picks_per_s": 50, "reclaim_dead_ms": RECLAIM_DEAD_MS,
+               **{key: {str(n): [] for n in sizes} for key, _ in CONFIGS}}
     res["simulated"] = {str(n): [] for n in sizes}
     res["sim_reps"] = a.reps
     with tempfile.TemporaryDirectory(prefix="splitos-managers-") as tmp:
         for rep in range(a.reps):
             for n in random.sample(sizes, len(sizes)):
                 t0 = time.monotonic()
-                if not a.only_simulated:
-                    r = one(tmp, n, a.seconds)
-                    res["sizes"][str(n)].append(r)
-                    print(f"rep {rep + 1}, {n} components: managers' CPU {r['gm']['cpu_percent_of_one_core']:.1f}% of a core, "
+                for key, per_s in ([] if a.only_simulated else random.sample(CONFIGS, len(CONFIGS))):
+                    r = one(tmp, n, a.seconds, per_s)
+                    res[key][str(n)].append(r)
+                    print(f"rep {rep + 1}, {n} components, heartbeats_per_s {per_s}: period {r['heartbeat_ms']} ms, "
+                          f"managers' CPU {r['gm']['cpu_percent_of_one_core']:.1f}% of a core, "
                           f"beats {r['beats']['per_s']:.0f}/s of {r['beats']['expected_per_s']:.0f}, wrongly lost {r['wrongly_lost']}, "
                           f"failover {r['failover']['delays_ms']} ms, errors {r['errors']} ({time.monotonic() - t0:.0f} s)", flush=True)
                 r = simulated(n, a.seconds)

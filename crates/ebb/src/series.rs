@@ -8,6 +8,8 @@ splitos_metrics::series! {
     pub LOOP_EVENTS: Counter["core"] = "ebb_loop_events_total";
     /// Times a core's event loop slept waiting for an event.
     pub LOOP_SLEEPS: Counter["core"] = "ebb_loop_sleeps_total";
+    /// Times a core's event loop waited `coalesce` after work instead of sleeping in epoll.
+    pub LOOP_COALESCED: Counter["core"] = "ebb_loop_coalesced_waits_total";
     /// Times a core's event loop switched between polling and sleeping, by what it switched to.
     pub LOOP_SWITCHES: Counter["core", "to"] = "ebb_loop_switches_total";
     /// Messages delivered to an Ebb of this component from another, by Ebb.

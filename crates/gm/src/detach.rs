@@ -10,7 +10,7 @@ use super::{ComponentError, Comps, Entry, Gm};
 impl Gm {
     /// Whether new homes, vRegions and buffer caches may go to this entry.
     pub(super) fn takes_memory(&self, e: &Entry) -> bool {
-        e.info.role == Role::Mem && self.alive(e) && !self.cordons.has(e.info.id) && e.info.leaving.is_none()
+        e.info.role == Role::Mem && e.info.leaving.is_none() && !self.cordons.has(e.info.id) && self.alive(e)
     }
 
     /// The mComponents being detached or drained. One declared lost meanwhile is not: its

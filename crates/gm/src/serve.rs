@@ -28,7 +28,9 @@ pub(crate) fn from_memory(msg: &Msg) -> bool {
 
 /// The managers serve on event loops that sleep in epoll between requests: no thread per
 /// component, and no CPU polling for requests that come every few hundred milliseconds from
-/// each (docs/benchmarks.md, "The managers at datacenter scale").
+/// each. Thousands of components' heartbeats a second arrive a few hundred microseconds
+/// apart; a loop woken for each spent more on waking than on the answers, so after work it
+/// waits [`COALESCE_US`] for more (docs/benchmarks.md, "The managers at datacenter scale").
 pub(crate) fn server_config() -> ServerConfig {
     ServerConfig {
         name: "gm".into(),
@@ -37,7 +39,12 @@ pub(crate) fn server_config() -> ServerConfig {
         serving: splitos_rpc::serving::ServingConfig {
             kind: splitos_rpc::serving::Serving::Loops,
             waiting: splitos_ebb::event::Waiting::Sleep,
+            coalesce_us: COALESCE_US,
             ..Default::default()
         },
     }
 }
+
+/// Placement and heartbeat answers are on no program's data path (a program's start waits
+/// for one placement), so a millisecond more is nothing to them.
+const COALESCE_US: u64 = 1_000;

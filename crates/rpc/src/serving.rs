@@ -79,6 +79,17 @@ pub struct ServingConfig {
         default_value_t = 100
     )]
     pub linger_us: u64,
+    /// How long (µs) a sleeping loop that just served requests waits before it looks for
+    /// more, so that those arriving meanwhile are served in one wake-up instead of one each:
+    /// a request waits up to this long, and a loop taking thousands of requests a second
+    /// sleeps and wakes that much less often (0: never waits).
+    #[arg(
+        id = "serving.coalesce_us",
+        value_name = "US",
+        long = "serving-coalesce-us",
+        default_value_t = 0
+    )]
+    pub coalesce_us: u64,
 }
 
 impl Default for ServingConfig {
@@ -87,7 +98,7 @@ impl Default for ServingConfig {
     }
 }
 
-/// The longest `linger_us`.
+/// The longest `linger_us` and `coalesce_us`.
 pub(crate) const MAX_LINGER_US: u64 = 10_000;
 
 /// The window a loop's event rate is measured over.
@@ -101,6 +112,7 @@ impl ServingConfig {
             sleep_below: self.sleep_below,
             window: WINDOW,
             linger: Duration::from_micros(self.linger_us),
+            coalesce: Duration::from_micros(self.coalesce_us),
         }
     }
 
@@ -111,6 +123,9 @@ impl ServingConfig {
         }
         if self.linger_us > MAX_LINGER_US {
             return Err(TransportError::Linger(self.linger_us));
+        }
+        if self.coalesce_us > MAX_LINGER_US {
+            return Err(TransportError::Coalesce(self.coalesce_us));
         }
         self.loop_config().validate().map_err(TransportError::Loop)
     }

@@ -192,6 +192,7 @@ fn a_loop_polls_under_load_and_sleeps_at_rest() {
         sleep_below: 500,
         window: Duration::from_millis(5),
         linger: Duration::ZERO,
+        coalesce: Duration::ZERO,
     };
     let (r, t) = start(cfg);
     // At rest: no switch, and the loop sleeps.
@@ -232,6 +233,7 @@ fn a_lingering_loop_polls_a_while_after_each_event_then_sleeps() {
         sleep_below: 1,
         window: Duration::from_millis(5),
         linger,
+        coalesce: Duration::ZERO,
     };
     let (r, t) = start(cfg);
     std::thread::sleep(Duration::from_millis(20));
@@ -281,6 +283,7 @@ fn a_loop_that_only_sleeps_or_only_polls_never_switches() {
             sleep_below: 5,
             window: Duration::from_millis(1),
             linger: Duration::from_millis(50),
+            coalesce: Duration::ZERO,
         });
         for _ in 0..2000 {
             r.spawn(|| {});
@@ -351,4 +354,34 @@ fn a_config_whose_thresholds_cross_is_refused() {
     .err()
     .unwrap();
     assert!(e.to_string().contains("sleep_below"), "{e}");
+}
+
+/// A sleeping loop with `coalesce` serves events that arrive close together in a few
+/// wake-ups: after work it waits off the CPU instead of sleeping in epoll at once, then finds
+/// everything that came meanwhile.
+#[test]
+fn a_coalescing_loop_serves_events_close_together_in_few_wake_ups() {
+    let (r, t) = start(LoopConfig {
+        waiting: Waiting::Sleep,
+        coalesce: Duration::from_millis(10),
+        ..LoopConfig::default()
+    });
+    let before = r.stats().counts();
+    let n = 200;
+    for _ in 0..n {
+        r.spawn(|| {});
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    let t0 = Instant::now();
+    while r.stats().counts().events < before.events + n {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", r.stats().counts());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let c = r.stats().counts();
+    assert!(c.coalesced > 0, "it waited after work: {c:?}");
+    // 200 events at least 100 µs apart, over 20 ms or more: a wake-up each without the
+    // wait; with it, one per 10 ms window (more if this thread is kept off its CPU).
+    assert!(c.sleeps - before.sleeps <= n / 4, "{c:?}");
+    r.spawn(stop);
+    t.join().unwrap();
 }

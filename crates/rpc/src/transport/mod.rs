@@ -105,6 +105,8 @@ pub enum TransportError {
     NoCores,
     #[error("serving.linger_us: {0} is above {max} (a loop that lingers that long polls: waiting = \"poll\")", max = crate::serving::MAX_LINGER_US)]
     Linger(u64),
+    #[error("serving.coalesce_us: {0} is above {max}: every request would wait that long", max = crate::serving::MAX_LINGER_US)]
+    Coalesce(u64),
     #[error("serving: {0}")]
     Loop(splitos_ebb::event::LoopError),
 }

@@ -1249,6 +1249,8 @@ fn a_cluster_over_its_heartbeat_budget_beats_slower_and_still_declares_a_killed_
     );
     let out = run.wait_with_output().unwrap();
     assert_eq!(text(&out.stdout), want, "{}", text(&out.stderr));
+    // The managers' loop waits for more after work (`serving.coalesce_us`).
+    assert!(c.metric(&gm, "splitos_ebb_loop_coalesced_waits_total") > 0.0);
     // Killed: lost once silent for reclaim_dead_ms, not while it may only be late.
     let victim = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
     let id = c.components("mcomponent")[0]["id"].clone();
