@@ -248,6 +248,8 @@ def main():
             for n in random.sample(sizes, len(sizes)):
                 t0 = time.monotonic()
                 for key, per_s in ([] if a.only_simulated else random.sample(CONFIGS, len(CONFIGS))):
+                    # The last run's threads and etcd gone from the load average first.
+                    time.sleep(10)
                     r = one(tmp, n, a.seconds, per_s)
                     res[key][str(n)].append(r)
                     print(f"rep {rep + 1}, {n} components, heartbeats_per_s {per_s}: period {r['heartbeat_ms']} ms, "

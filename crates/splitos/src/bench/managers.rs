@@ -64,11 +64,10 @@ pub struct ManagersArgs {
     pub fail: usize,
 }
 
-/// Threads sending the components' heartbeats; each owns the connections of its hosts. Each
-/// waits for every answer before its next request, where every component has a heartbeat
-/// thread of its own: enough of them that the managers' answers, which their loop may hold
-/// for a millisecond (`serving.coalesce_us`), do not hold the senders behind their components'
-/// periods.
+/// Threads sending the components' heartbeats; each owns the connections of its hosts, and
+/// waits for every answer before its next request (where each component has a heartbeat
+/// thread of its own). More threads keep up with slower answers but take more of the cores
+/// the managers run on; `sent_late` in the report counts heartbeats these sent late.
 const SENDERS: usize = 64;
 /// A heartbeat sent later than this after its time is counted: the simulation, not the
 /// managers, fell behind.
