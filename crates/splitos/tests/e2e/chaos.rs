@@ -1,7 +1,7 @@
 //! `splitos chaos` (docs/reliability.md): seeded faults against a cluster of its own while real
 //! programs run on it, every run checked against a native one. The short seed here injects
-//! every kind of fault the default configuration has but two (`pause-mem`; `detach-mem`, which
-//! a test of its own runs); what the cluster showed of each
+//! every kind of fault the default configuration has but three (`pause-mem`; `detach-mem` and
+//! `slow-mem`, which tests of their own run); what the cluster showed of each
 //! (a killed mComponent held lost by the managers, its copies rebuilt by the mComponents) is
 //! in the report, from the components' own statistics.
 use crate::common;
@@ -116,6 +116,41 @@ fn detaches_ended_and_called_off_while_programs_run_lose_nothing() {
     let exited_first = seen.iter().filter(|s| s.contains("exited before the call-off")).count();
     assert_eq!((exits, called_off + exited_first), (2, 3), "{seen:#?}");
     assert!(called_off >= 1, "no detach called off mid-move: {seen:#?}");
+    assert!(r["errors"].as_array().unwrap().is_empty(), "{said}");
+    for w in r["workloads"].as_array().unwrap() {
+        assert_eq!(w["as_native"], w["runs"], "{w}");
+    }
+}
+
+/// `slow-mem` stops an mComponent 20 ms of every 50 while programs run on it: each stop is
+/// seen in /proc, and every run still ends as natively, with no error to explain.
+#[test]
+fn a_slowed_mcomponent_slows_its_programs_and_fails_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--seed",
+        "1",
+        "--minutes",
+        "0.1",
+        "--faults",
+        "slow-mem",
+        "--without",
+        "memcached",
+        "--without",
+        "files",
+    ];
+    let (out, r) = report(dir.path(), &args);
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success() && r["passed"] == true, "{said}");
+    assert!(r["faults"]["slow-mem"].as_u64().unwrap_or(0) >= 1, "{said}");
+    for seen in strings(&r["schedule"], "seen") {
+        let stops: u32 = seen
+            .split("stopped ")
+            .nth(1)
+            .and_then(|s| s.split(' ').next()?.parse().ok())
+            .unwrap_or(0);
+        assert!(stops >= 1, "{seen}");
+    }
     assert!(r["errors"].as_array().unwrap().is_empty(), "{said}");
     for w in r["workloads"].as_array().unwrap() {
         assert_eq!(w["as_native"], w["runs"], "{w}");

@@ -5,6 +5,18 @@ use std::time::{Duration, Instant};
 use super::schedule::{Fault, Kind, Targets};
 use super::{interrupted, settled, short_vregions, Rig, SETTLE};
 
+/// A slowed component is stopped this long of every `SLOW_STOPPED + SLOW_RUNNING`.
+const SLOW_STOPPED: Duration = Duration::from_millis(20);
+const SLOW_RUNNING: Duration = Duration::from_millis(30);
+
+/// Whether process `pid` is stopped now (state `T` in /proc).
+fn stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| Some(s[s.rfind(')')? + 2..].starts_with('T')))
+        .unwrap_or(false)
+}
+
 pub(super) fn signal(pid: u32, sig: libc::c_int) {
     // SAFETY: kill takes plain integers.
     unsafe { libc::kill(pid as i32, sig) };
@@ -33,6 +45,22 @@ pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String
             ask(&mut held_lost);
             let said = if held_lost { "; held lost" } else { "" };
             Ok(format!("stopped for {} ms{said}", f.hold_ms))
+        }
+        Kind::SlowMem => {
+            let (t0, mut stops) = (Instant::now(), 0);
+            while t0.elapsed() < hold && !interrupted() {
+                signal(pid, libc::SIGSTOP);
+                std::thread::sleep(SLOW_STOPPED);
+                // Seen stopped by the kernel, not only signalled.
+                stops += u32::from(stopped(pid));
+                signal(pid, libc::SIGCONT);
+                std::thread::sleep(SLOW_RUNNING);
+            }
+            Ok(format!(
+                "slowed for {} ms: stopped {stops} times for {} ms",
+                f.hold_ms,
+                SLOW_STOPPED.as_millis()
+            ))
         }
         Kind::KillMem | Kind::PauseMem => {
             let addr = rig.addr_of(&f.target).unwrap_or_default();

@@ -60,7 +60,7 @@ pub struct ChaosArgs {
     /// Draw only these kinds of fault (comma-separated, e.g. `kill-mem,stop-storage`); by
     /// default every kind the configuration has: kill-mem, stop-mem, pause-mem, drain-mem,
     /// detach-mem, kill-gm, stop-gm, swap-placement, stop-proc, kill-proc, resize-excache, swap-policy,
-    /// stop-storage, kill-storage (docs/reliability.md says what each does).
+    /// stop-storage, kill-storage, slow-mem (docs/reliability.md says what each does).
     #[arg(long, value_delimiter = ',', value_name = "KIND")]
     pub faults: Vec<Kind>,
     /// Programs running at once.

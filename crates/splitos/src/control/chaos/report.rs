@@ -47,7 +47,12 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
         Kind::KillMem | Kind::StopMem | Kind::PauseMem => e.contains("mComponent") || file_lost,
         // A file call the sComponent could not serve fails with EIO.
         Kind::KillStorage | Kind::StopStorage => e.contains("sComponent") || e.contains("Input/output error"),
-        Kind::DrainMem | Kind::DetachMem | Kind::ResizeExcache | Kind::SwapPolicy | Kind::SwapPlacement => false,
+        Kind::DrainMem
+        | Kind::DetachMem
+        | Kind::ResizeExcache
+        | Kind::SwapPolicy
+        | Kind::SwapPlacement
+        | Kind::SlowMem => false,
     };
     faults
         .iter()
@@ -66,9 +71,12 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
                 // The vNodes' files have no copy elsewhere.
                 Kind::KillStorage => true,
                 Kind::StopStorage => held_lost,
-                Kind::DrainMem | Kind::DetachMem | Kind::ResizeExcache | Kind::SwapPolicy | Kind::SwapPlacement => {
-                    false
-                }
+                Kind::DrainMem
+                | Kind::DetachMem
+                | Kind::ResizeExcache
+                | Kind::SwapPolicy
+                | Kind::SwapPlacement
+                | Kind::SlowMem => false,
             };
             overlaps && beyond && names(f.fault.kind)
         })

@@ -47,6 +47,10 @@ pub enum Kind {
     /// kill -9 an sComponent; start it again after the hold. With no other copy of the
     /// vNodes' files, beyond the tolerance of any configuration: file calls meanwhile fail.
     KillStorage,
+    /// Slow an mComponent down for the hold, as an overloaded host or a noisy neighbour
+    /// does: stopped 20 ms of every 50 (SIGSTOP, SIGCONT). Within every configuration's
+    /// tolerance: its programs slow down, none fails.
+    SlowMem,
 }
 
 /// Eviction and read-ahead policies a pComponent can take while it runs, and placements.
@@ -73,13 +77,14 @@ impl Kind {
             Kind::SwapPlacement => "swap-placement",
             Kind::StopStorage => "stop-storage",
             Kind::KillStorage => "kill-storage",
+            Kind::SlowMem => "slow-mem",
         }
     }
 
     /// The component kind it hits, as the state directory names them (`mem0`, `gm`, ...).
     pub fn target_kind(self) -> &'static str {
         match self {
-            Kind::KillMem | Kind::StopMem | Kind::PauseMem | Kind::DrainMem | Kind::DetachMem => "mem",
+            Kind::KillMem | Kind::StopMem | Kind::PauseMem | Kind::DrainMem | Kind::DetachMem | Kind::SlowMem => "mem",
             Kind::KillGm | Kind::StopGm | Kind::SwapPlacement => "gm",
             Kind::StopProc | Kind::KillProc | Kind::ResizeExcache | Kind::SwapPolicy => "proc",
             Kind::StopStorage | Kind::KillStorage => "storage",
@@ -159,6 +164,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
         kinds.push((Kind::DrainMem, 2));
         kinds.push((Kind::DetachMem, 2));
     }
+    kinds.push((Kind::SlowMem, 2));
     kinds.retain(|(k, _)| {
         (t.only.is_empty() || t.only.contains(k))
             && (t.api || !k.through_api())
@@ -234,7 +240,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
 mod tests {
     use super::*;
 
-    const ALL: [Kind; 14] = [
+    const ALL: [Kind; 15] = [
         Kind::KillMem,
         Kind::StopMem,
         Kind::PauseMem,
@@ -249,6 +255,7 @@ mod tests {
         Kind::SwapPolicy,
         Kind::StopStorage,
         Kind::KillStorage,
+        Kind::SlowMem,
     ];
 
     fn targets(tolerated: bool) -> Targets {
