@@ -47,12 +47,8 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
         Kind::KillMem | Kind::StopMem | Kind::PauseMem => e.contains("mComponent") || file_lost,
         // A file call the sComponent could not serve fails with EIO.
         Kind::KillStorage | Kind::StopStorage => e.contains("sComponent") || e.contains("Input/output error"),
-        Kind::DrainMem
-        | Kind::DetachMem
-        | Kind::ResizeExcache
-        | Kind::SwapPolicy
-        | Kind::SwapPlacement
-        | Kind::SlowMem => false,
+        // Never beyond the tolerance (below): nothing to name.
+        _ => false,
     };
     faults
         .iter()
