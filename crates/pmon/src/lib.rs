@@ -711,7 +711,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
             std::thread::sleep(std::time::Duration::from_millis(p2.cfg.fork_timeout_ms) / 3);
             p2.reap_unclaimed_children();
         })?;
-    host::shim::listen(p.clone(), &args.shim_sock)?;
+    let programs = host::shim::bind(&args.shim_sock)?;
     net::listen(p.clone(), &args.shim_sock)?;
     endpoint.serve(
         p.clone(),
@@ -728,6 +728,7 @@ pub fn run(args: ProcArgs) -> anyhow::Result<()> {
     store.set_vregion_size(reg.vregion_size);
     p.refusals.set_overcommit(reg.overcommit);
     p.follow_vnodes(reg.vnodes);
+    host::shim::serve(p.clone(), programs)?;
     let p2 = p.clone();
     let p3 = p.clone();
     node.clone().heartbeat_forever(

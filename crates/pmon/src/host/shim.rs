@@ -83,13 +83,23 @@ fn vm_errno(e: &Refusal) -> i64 {
     }
 }
 
-pub fn listen(p: Arc<Pcomp>, path: &Path) -> anyhow::Result<()> {
+/// Binds the program socket. Programs are served only once [`serve`] is called, after the
+/// pComponent registered: one served earlier would run by what the pComponent assumes before
+/// its cluster tells it (the vRegion size above all: a fork's write-back then looked for its
+/// pages in vRegions of the wrong size, and failed). Programs that connect meanwhile wait in
+/// the socket's backlog.
+pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::remove_file(path);
     let l = UnixListener::bind(path)
         .map_err(|e| anyhow::anyhow!("cannot listen for programs on {}: {e}", path.display()))?;
     // Every user may connect: the grants decide what a connection gets.
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    Ok(l)
+}
+
+/// Serves the programs that connect to the socket [`bind`] made.
+pub fn serve(p: Arc<Pcomp>, l: UnixListener) -> anyhow::Result<()> {
     std::thread::Builder::new().name("shim-accept".into()).spawn(move || {
         for s in l.incoming() {
             match s {

@@ -6,6 +6,7 @@
 use crate::common;
 
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use common::*;
 
@@ -336,4 +337,64 @@ fn a_terabyte_reserved_without_memory_and_partly_committed_behaves_as_natively()
     // used through a 4 MiB ExCache, then all given back.
     let p = prog("reserve");
     through_components(&["--excache", "4M"], &[&p], 1);
+}
+
+/// A pComponent started again serves no program before the managers have registered it:
+/// until then it knows nothing of its cluster, and ran programs by its defaults (a 1 GiB
+/// vRegion where the cluster's are 4 MiB: a fork's write-back then looked for the shell's
+/// dirty pages in vRegions of the wrong size and the fork was refused, "sh: Cannot fork", a
+/// failure `splitos chaos` found after restarting a pComponent). A program that connects
+/// meanwhile waits, then runs and forks as natively.
+#[test]
+fn a_restarted_pcomponent_serves_programs_only_once_registered_and_they_then_fork_as_natively() {
+    let c = TestCluster::up(Some(
+        "[cluster]\nvregion_size = \"4M\"\n[[pcomponent]]\nexcache = \"4M\"\n[[mcomponent]]\n[[mcomponent]]\n",
+    ));
+    let cmd = [
+        "sh",
+        "-c",
+        "x=$(seq 1 30000 | md5sum); echo \"$x\" $(echo nested $(seq 3))",
+    ];
+    let want = text(&native(&cmd).stdout);
+    let gm = c.status()["gm"].as_str().unwrap().to_string();
+    let pcomp = c.components("pcomponent")[0].clone();
+    let sock = pcomp["shim_sock"].as_str().unwrap().to_string();
+    c.kill_component(c.pid_of_addr(pcomp["addr"].as_str().unwrap()));
+    let managers = Stalled::new(c.pid_of_addr(&gm));
+    let restart = c
+        .cmd(&["cluster", "restart", "proc0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let bound = c.eventually(Duration::from_secs(10), |_| {
+        std::os::unix::net::UnixStream::connect(&sock).is_ok()
+    });
+    assert!(
+        bound,
+        "the pComponent started again binds its program socket before it registers"
+    );
+    let mut early = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    early.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
+    let mut welcome = [0u8; 1];
+    let got = std::io::Read::read(&mut early, &mut welcome);
+    assert!(
+        matches!(&got, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
+        "a connection before the pComponent registered is not welcomed: {got:?}"
+    );
+    drop(early);
+    let program = c.spawn(&["--pcomponent", &sock], &cmd);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        !c.log("proc0").contains("process started"),
+        "no program starts before the pComponent registered"
+    );
+    drop(managers);
+    let restarted = restart.wait_with_output().unwrap();
+    assert!(restarted.status.success(), "{}", text(&restarted.stderr));
+    let out = program.wait_with_output().unwrap();
+    assert_eq!(text(&out.stdout), want, "{}", text(&out.stderr));
+    let log = c.log("proc0");
+    assert!(log.contains("forked=true"), "the shell forked under splitos: {log}");
+    assert!(!log.contains("refused a fork"), "{log}");
 }
