@@ -401,7 +401,15 @@ impl<P: Peers> Mem<P> {
                 "the home copied a vRegion whose backup was not whole to its logger"
             ),
             Err(e) => {
-                tracing::warn!(pid = who.pid, vregion = index, home = home.id, error = %e, "cannot have the home copy a vRegion whose backup log skipped write-backs; will ask again")
+                tracing::warn!(pid = who.pid, vregion = index, home = home.id, error = %e, "cannot have the home copy a vRegion whose backup log skipped write-backs; will ask again");
+                // A copy that failed after the home restarted the backup left it neither
+                // whole nor counting a skip, and so asking again only after `COPY_DUE`: it
+                // misses the copy's pages as it missed the skipped ones.
+                if let Some(p) = self.owned.lock().unwrap().get(&who.pid).cloned() {
+                    if let Some(l) = p.lock().unwrap().logs.get_mut(&index).filter(|l| !l.protects()) {
+                        l.skipped = l.skipped.max(1);
+                    }
+                }
             }
         }
     }

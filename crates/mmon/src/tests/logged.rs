@@ -186,6 +186,33 @@ fn a_logger_that_skipped_is_copied_again_and_protects_again() {
     check_pages(&rig, HOME, &who, 1, 8);
 }
 
+/// A copy that fails after the home restarted the backup (here the logger refuses the
+/// copy's pages, as one whose log stays full for `COPY_WAIT` does) is asked for again as a
+/// skip is, not only after `COPY_DUE`.
+#[test]
+fn a_copy_to_a_logger_that_fails_midway_is_asked_for_again_soon() {
+    let (rig, who) = logged(3 * RECORD);
+    rig.stream_logs();
+    let p = rig.mem(4).owned.lock().unwrap()[&who.pid].clone();
+    p.lock().unwrap().logs.get_mut(&idx(0)).unwrap().asked = None;
+    let no_room = RpcError::Remote {
+        code: ErrCode::NoMemory,
+        msg: "no room in the backup log for 5 s".into(),
+    };
+    rig.net.fail("M2M_PUT_PAGES", Some(4), 1, no_room);
+    rig.mem(4).ask_resyncs();
+    rig.run_jobs();
+    let l = log_of(&rig, 4, &who);
+    assert!(!l.whole && l.skipped > 0, "the failed copy counts as a skip: {l:?}");
+    // The next round past `RESYNC_EVERY` asks again, and the copy makes it whole.
+    p.lock().unwrap().logs.get_mut(&idx(0)).unwrap().asked = Some(std::time::Instant::now() - Duration::from_secs(4));
+    rig.mem(4).ask_resyncs();
+    let streamer = Streamer::start(&rig, 4);
+    rig.run_jobs();
+    drop(streamer);
+    assert!(log_of(&rig, 4, &who).protects(), "copied again, protected again");
+}
+
 #[test]
 fn records_the_scomponent_refuses_leave_the_vregion_unprotected() {
     let (rig, who) = logged(1 << 20);
