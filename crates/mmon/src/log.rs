@@ -116,6 +116,10 @@ pub(super) struct Logged {
     pub whole: bool,
     /// When the home was last asked for a copy, or the backup restarted.
     pub asked: Option<Instant>,
+    /// Copies asked for since the last that made the backup whole, which failed: each
+    /// doubles the wait before the next, up to `COPY_DUE` (a copy holds the process's home
+    /// while it waits for room in a log that stays full).
+    pub copies_failed: u32,
 }
 
 impl Logged {
@@ -126,7 +130,10 @@ impl Logged {
 
     fn wants_copy(&self) -> bool {
         let since = |d: Duration| self.asked.is_none_or(|t| t.elapsed() > d);
-        (self.skipped > 0 && since(RESYNC_EVERY)) || (!self.whole && since(COPY_DUE))
+        let resync = RESYNC_EVERY
+            .saturating_mul(1 << self.copies_failed.min(5))
+            .min(COPY_DUE);
+        (self.skipped > 0 && since(resync)) || (!self.whole && since(COPY_DUE))
     }
 }
 
@@ -201,8 +208,11 @@ impl BackupLog {
         crate::series::LOG_SKIPPED_RECORDS.increment(1);
     }
 
+    /// Room for a copy: half the log free, and its sComponent taking what it is sent (a
+    /// copy into a log that cannot drain holds the process's home until it gives up).
     fn roomy(&self) -> bool {
-        self.q.lock().unwrap().bytes < self.capacity / 2
+        let q = self.q.lock().unwrap();
+        q.bytes < self.capacity / 2 && q.stalled.is_none()
     }
 
     pub fn stats(&self) -> serde_json::Value {
@@ -404,10 +414,12 @@ impl<P: Peers> Mem<P> {
                 tracing::warn!(pid = who.pid, vregion = index, home = home.id, error = %e, "cannot have the home copy a vRegion whose backup log skipped write-backs; will ask again");
                 // A copy that failed after the home restarted the backup left it neither
                 // whole nor counting a skip, and so asking again only after `COPY_DUE`: it
-                // misses the copy's pages as it missed the skipped ones.
+                // misses the copy's pages as it missed the skipped ones, and asks again
+                // sooner, later each time it fails again.
                 if let Some(p) = self.owned.lock().unwrap().get(&who.pid).cloned() {
                     if let Some(l) = p.lock().unwrap().logs.get_mut(&index).filter(|l| !l.protects()) {
                         l.skipped = l.skipped.max(1);
+                        l.copies_failed += 1;
                     }
                 }
             }

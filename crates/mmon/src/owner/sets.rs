@@ -221,6 +221,7 @@ impl<P: Peers> Mem<P> {
                 skipped: 0,
                 whole: false,
                 asked: None,
+                copies_failed: 0,
             });
             l.scomp = scomp;
             l.home = home;
@@ -235,7 +236,10 @@ impl<P: Peers> Mem<P> {
                     l.whole = false;
                     l.asked = Some(std::time::Instant::now());
                 }
-                LogStep::Whole => l.whole = true,
+                LogStep::Whole => {
+                    l.whole = true;
+                    l.copies_failed = 0;
+                }
                 LogStep::Keep | LogStep::Replay => {}
             }
         } else if set.owners[0].id == me && step == LogStep::Replay && g.logs.contains_key(&idx) {

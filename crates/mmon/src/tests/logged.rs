@@ -204,13 +204,26 @@ fn a_copy_to_a_logger_that_fails_midway_is_asked_for_again_soon() {
     rig.run_jobs();
     let l = log_of(&rig, 4, &who);
     assert!(!l.whole && l.skipped > 0, "the failed copy counts as a skip: {l:?}");
-    // The next round past `RESYNC_EVERY` asks again, and the copy makes it whole.
-    p.lock().unwrap().logs.get_mut(&idx(0)).unwrap().asked = Some(std::time::Instant::now() - Duration::from_secs(4));
+    // It asks again after twice `RESYNC_EVERY` (the failure doubled it), not before, and
+    // the copy makes it whole.
+    let ago = |s: u64| Some(std::time::Instant::now() - Duration::from_secs(s));
+    p.lock().unwrap().logs.get_mut(&idx(0)).unwrap().asked = ago(4);
+    rig.mem(4).ask_resyncs();
+    rig.run_jobs();
+    assert!(
+        !log_of(&rig, 4, &who).protects(),
+        "not asked again 4 s after one failure"
+    );
+    p.lock().unwrap().logs.get_mut(&idx(0)).unwrap().asked = ago(7);
     rig.mem(4).ask_resyncs();
     let streamer = Streamer::start(&rig, 4);
     rig.run_jobs();
     drop(streamer);
-    assert!(log_of(&rig, 4, &who).protects(), "copied again, protected again");
+    let l = log_of(&rig, 4, &who);
+    assert!(
+        l.protects() && l.copies_failed == 0,
+        "copied again, protected again: {l:?}"
+    );
 }
 
 #[test]
