@@ -11,15 +11,18 @@ mod data;
 mod durability;
 
 pub use durability::InUse;
+use durability::NAMESPACE;
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
+use splitos_rpc::refusals::Refusals;
 use splitos_rpc::{DirEntry, FileAttr, FileKind, SetAttr, NAME_MAX, PATH_MAX};
 
 pub type FsResult<T> = Result<T, i32>;
@@ -66,9 +69,36 @@ pub fn split(path: &str) -> FsResult<(&str, &str)> {
     Ok((if cut == 0 { "/" } else { &path[..cut] }, &path[cut + 1..]))
 }
 
-fn internal(e: impl std::fmt::Display) -> i32 {
-    tracing::error!(error = %e, "storage error");
-    libc::EIO
+thread_local! {
+    /// Set by [`internal`] when an error leaves the namespace database refusing every later
+    /// call (redb's "previous I/O error"); taken by the store that made the call.
+    static NEEDS_REOPEN: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The errno a request sees for a failure of the namespace database or a data file: a full
+/// disk or quota as themselves, anything else as EIO.
+fn internal(e: impl Into<redb::Error>) -> i32 {
+    let e: redb::Error = e.into();
+    let errno = match &e {
+        redb::Error::Io(io) => {
+            // An I/O error inside redb poisons the database until it is opened again.
+            NEEDS_REOPEN.set(true);
+            match io.raw_os_error() {
+                Some(n @ (libc::ENOSPC | libc::EDQUOT)) => n,
+                _ => libc::EIO,
+            }
+        }
+        redb::Error::PreviousIo => {
+            NEEDS_REOPEN.set(true);
+            libc::EIO
+        }
+        _ => libc::EIO,
+    };
+    static ERRORS: Refusals = Refusals::new("storage error");
+    if ERRORS.log_this(errno) {
+        tracing::error!(error = %e, errno, "storage error");
+    }
+    errno
 }
 
 /// A vNode name made safe as a table and directory name.
@@ -82,7 +112,10 @@ pub(super) fn vnode_key(vnode: &str) -> FsResult<String> {
 /// One sComponent's store. Its methods are split by concern: the namespace here, file data and
 /// space in `data.rs`, opening, recovery and fsync in `durability.rs`.
 pub struct Store {
-    db: Database,
+    /// `None` only while it is opened again after an I/O error ([`Store::db`]).
+    db: RwLock<Option<Database>>,
+    /// An I/O error left the database refusing everything: it is opened again first.
+    poisoned: AtomicBool,
     /// Next inode number and the end of the durably reserved range.
     inos: Mutex<(u64, u64)>,
     /// Changes committed without fsync since the last durable commit.
@@ -129,7 +162,10 @@ fn enc(i: &Inode) -> Vec<u8> {
 }
 
 fn dec(b: &[u8]) -> FsResult<Inode> {
-    postcard::from_bytes(b).map_err(internal)
+    postcard::from_bytes(b).map_err(|e| {
+        tracing::error!(error = %e, "an inode in the namespace does not decode");
+        libc::EIO
+    })
 }
 
 impl Store {
@@ -147,53 +183,103 @@ impl Store {
             // Cleared before: a change committed meanwhile sets it again, and this commit persists it.
             self.unsynced.store(false, Ordering::Relaxed);
         }
-        let mut tx = self.db.begin_write().map_err(internal)?;
-        tx.set_durability(if durable {
-            Durability::Immediate
-        } else {
-            Durability::None
-        })
-        .map_err(internal)?;
-        {
-            let mut ino = tx.open_table(t.ino()).map_err(internal)?;
-            if ino.get(ROOT_INO).map_err(internal)?.is_none() {
-                let now = now_ns();
-                let root = FileAttr {
-                    ino: ROOT_INO,
-                    kind: FileKind::Dir,
-                    perm: 0o755,
-                    uid: 0,
-                    gid: 0,
-                    size: 0,
-                    nlink: 2,
-                    alloc: 0,
-                    atime_ns: now,
-                    mtime_ns: now,
-                    ctime_ns: now,
-                };
-                ino.insert(
-                    ROOT_INO,
-                    enc(&Inode {
-                        attr: root,
-                        target: None,
-                    })
-                    .as_slice(),
-                )
-                .map_err(internal)?;
+        let r = self.noting(|db| {
+            let mut tx = db.begin_write().map_err(internal)?;
+            tx.set_durability(if durable {
+                Durability::Immediate
+            } else {
+                Durability::None
+            })
+            .map_err(internal)?;
+            {
+                let mut ino = tx.open_table(t.ino()).map_err(internal)?;
+                if ino.get(ROOT_INO).map_err(internal)?.is_none() {
+                    let now = now_ns();
+                    let root = FileAttr {
+                        ino: ROOT_INO,
+                        kind: FileKind::Dir,
+                        perm: 0o755,
+                        uid: 0,
+                        gid: 0,
+                        size: 0,
+                        nlink: 2,
+                        alloc: 0,
+                        atime_ns: now,
+                        mtime_ns: now,
+                        ctime_ns: now,
+                    };
+                    ino.insert(
+                        ROOT_INO,
+                        enc(&Inode {
+                            attr: root,
+                            target: None,
+                        })
+                        .as_slice(),
+                    )
+                    .map_err(internal)?;
+                }
             }
-        }
-        let r = f(&tx, &t, &vkey)?;
-        tx.commit().map_err(internal)?;
+            let r = f(&tx, &t, &vkey)?;
+            tx.commit().map_err(internal)?;
+            Ok(r)
+        })?;
         if !durable {
             self.unsynced.store(true, Ordering::Relaxed);
         }
         Ok(r)
     }
 
+    /// Runs `f` on the namespace database; an I/O error that left it refusing everything
+    /// has it opened again before the next call. Without that, a disk full for a moment
+    /// failed every later call with EIO until the sComponent restarted.
+    fn noting<T>(&self, f: impl FnOnce(&Database) -> FsResult<T>) -> FsResult<T> {
+        let r = {
+            let db = self.db()?;
+            f(db.as_ref().ok_or(libc::EIO)?)
+        };
+        if NEEDS_REOPEN.take() {
+            self.poisoned.store(true, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// The namespace database, opened again first if it was poisoned. It rolls back to its
+    /// last durable commit, as after a crash: changes since the last fsync may be lost, and
+    /// what they reserved is counted again from the inodes that remain.
+    fn db(&self) -> FsResult<RwLockReadGuard<'_, Option<Database>>> {
+        if self.poisoned.load(Ordering::Relaxed) {
+            let mut db = self.db.write().unwrap();
+            if self.poisoned.swap(false, Ordering::Relaxed) {
+                // The file stays locked while the old handle is open.
+                drop(db.take());
+                match Database::create(self.dir.join(NAMESPACE)) {
+                    Ok(d) => {
+                        *db = Some(d);
+                        crate::series::NAMESPACE_REOPENED.increment(1);
+                        static REOPENED: Refusals = Refusals::new("opened the namespace again after an I/O error");
+                        if REOPENED.log_this("namespace") {
+                            tracing::warn!("opened the namespace again after an I/O error (a full disk?): changes not yet synced may be lost");
+                        }
+                    }
+                    Err(e) => {
+                        self.poisoned.store(true, Ordering::Relaxed);
+                        tracing::error!(error = %e, "cannot open the namespace again after an I/O error; will try at the next call");
+                        return Err(libc::EIO);
+                    }
+                }
+                drop(db);
+                self.recount();
+            }
+        }
+        Ok(self.db.read().unwrap())
+    }
+
     fn read<T>(&self, vnode: &str, f: impl FnOnce(&redb::ReadTransaction, &Tables) -> FsResult<T>) -> FsResult<T> {
         let vkey = vnode_key(vnode)?;
-        let tx = self.db.begin_read().map_err(internal)?;
-        f(&tx, &Tables::of(&vkey))
+        self.noting(|db| {
+            let tx = db.begin_read().map_err(internal)?;
+            f(&tx, &Tables::of(&vkey))
+        })
     }
 
     fn get_inode<T: ReadableTable<u64, &'static [u8]>>(t: &T, ino: u64) -> FsResult<Inode> {
@@ -294,6 +380,7 @@ impl Store {
         if kind == FileKind::Symlink && target.as_ref().is_none_or(|t| t.is_empty() || t.len() > PATH_MAX) {
             return Err(libc::EINVAL);
         }
+        self.names_fit()?;
         let n = self.alloc_ino()?;
         self.write(vnode, false, |tx, t, _| {
             let mut ns = tx.open_table(t.ns()).map_err(internal)?;
@@ -438,6 +525,7 @@ impl Store {
 
     /// A further name `to` for the file `ino_no`.
     pub fn link(&self, vnode: &str, ino_no: u64, to: &str) -> FsResult<FileAttr> {
+        self.names_fit()?;
         self.write(vnode, false, |tx, t, _| {
             let mut ns = tx.open_table(t.ns()).map_err(internal)?;
             let mut ino = tx.open_table(t.ino()).map_err(internal)?;

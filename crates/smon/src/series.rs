@@ -14,6 +14,9 @@ splitos_metrics::series! {
     pub BACKUP_DISK_FULL: Counter = "scomp_backup_disk_full_total";
     /// Backup files compacted (each page's latest record kept).
     pub BACKUP_COMPACTIONS: Counter = "scomp_backup_compactions_total";
+    /// Times the namespace database was opened again after an I/O error poisoned it (a full
+    /// disk): changes not yet synced were rolled back.
+    pub NAMESPACE_REOPENED: Counter = "scomp_namespace_reopened_total";
     /// Bytes the vNodes' files take.
     pub USED_BYTES: Gauge = "scomp_used_bytes";
 }

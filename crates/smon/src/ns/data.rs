@@ -13,6 +13,11 @@ use super::{internal, now_ns, vnode_key, FsResult, Inode, Store};
 
 /// Open data files kept around between requests.
 const OPEN_FILES: usize = 256;
+/// The most of the disk's free space kept for the namespace database: files' data never
+/// takes it, and new names fail with ENOSPC within it, so that the database does not run
+/// into a full disk (an I/O error inside it would have it opened again, rolling back what
+/// was not yet synced). A sixteenth of a smaller disk.
+const NAMES_ROOM: u64 = 8 << 20;
 
 fn io_errno(e: std::io::Error) -> i32 {
     e.raw_os_error().unwrap_or(libc::EIO)
@@ -93,6 +98,30 @@ impl Store {
         Ok(buf)
     }
 
+    /// The room on the disk kept for the namespace, and what is free there now; `None` where
+    /// the file system does not say.
+    fn names_room_and_free(&self) -> Option<(u64, u64)> {
+        let path = std::ffi::CString::new(self.dir.as_os_str().as_encoded_bytes()).ok()?;
+        // SAFETY: statvfs writes only into `st`, fully initialized when it succeeds.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `path` is NUL-terminated and outlives the call; `st` too.
+        if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+            return None;
+        }
+        let unit = st.f_frsize as u64;
+        let room = NAMES_ROOM.min(st.f_blocks as u64 * unit / 16);
+        Some((room, st.f_bavail as u64 * unit))
+    }
+
+    /// Fails with ENOSPC when the disk has no more free than the room kept for the namespace:
+    /// asked before a change that adds names.
+    pub(super) fn names_fit(&self) -> FsResult<()> {
+        match self.names_room_and_free() {
+            Some((room, free)) if free <= room / 2 => Err(libc::ENOSPC),
+            _ => Ok(()),
+        }
+    }
+
     /// Grows an inode's reservation to `bytes`, within the quota and the disk.
     fn reserve_in(&self, i: &mut Inode, vkey: &str, bytes: u64) -> FsResult<()> {
         if bytes > MAX_FILE_SIZE {
@@ -104,6 +133,12 @@ impl Store {
         let grow = bytes - i.attr.alloc;
         let mut used = self.used.lock().unwrap();
         if used.checked_add(grow).is_none_or(|u| u > self.quota) {
+            return Err(libc::ENOSPC);
+        }
+        if self
+            .names_room_and_free()
+            .is_some_and(|(room, free)| free < grow.saturating_add(room))
+        {
             return Err(libc::ENOSPC);
         }
         let (from, len) = (i.attr.alloc as libc::off_t, grow as libc::off_t);

@@ -9,9 +9,9 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 
-use redb::{Database, Durability, ReadableTable, TableDefinition, TableHandle};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 
 use super::{dec, internal, vnode_key, FsResult, Store, Tables, ROOT_INO};
 
@@ -20,6 +20,21 @@ use super::{dec, internal, vnode_key, FsResult, Store, Tables, ROOT_INO};
 const INO_BATCH: u64 = 4096;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// The namespace database's file in the storage directory.
+pub(super) const NAMESPACE: &str = "namespace.redb";
+
+/// The bytes the inodes of one vNode's table reserve.
+fn reserved_by<T: ReadableTable<u64, &'static [u8]>>(t: &T) -> anyhow::Result<u64> {
+    let mut used = 0;
+    for r in t.iter()? {
+        let (_, v) = r?;
+        used += dec(v.value())
+            .map_err(|e| anyhow::anyhow!("corrupt inode record (errno {e})"))?
+            .attr
+            .alloc;
+    }
+    Ok(used)
+}
 
 /// The storage directory is open in another process (its database is locked): that process
 /// may share it ([`crate`]), this one cannot open it too.
@@ -36,12 +51,13 @@ impl Store {
         // and a tree another user could have planted links in is refused.
         splitos_core::trusted::own_dir(dir, 0o700).map_err(|e| anyhow::anyhow!("the storage directory: {e}"))?;
         std::fs::create_dir_all(dir.join("data"))?;
-        let db = Database::create(dir.join("namespace.redb")).map_err(|e| match e {
+        let db = Database::create(dir.join(NAMESPACE)).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => anyhow::Error::new(InUse(dir.to_path_buf())),
             e => anyhow::anyhow!("cannot open the namespace in {}: {e}", dir.display()),
         })?;
         let s = Store {
-            db,
+            db: RwLock::new(Some(db)),
+            poisoned: AtomicBool::new(false),
             inos: Mutex::new((0, 0)),
             unsynced: AtomicBool::new(false),
             dir: dir.to_path_buf(),
@@ -55,7 +71,8 @@ impl Store {
 
     /// Frees what a crash left behind and recomputes the space in use from the inodes.
     fn recover(&self) -> anyhow::Result<()> {
-        let tx = self.db.begin_write()?;
+        let db = self.db.read().unwrap();
+        let tx = db.as_ref().expect("opened").begin_write()?;
         let names: Vec<String> = tx.list_tables()?.map(|h| h.name().to_string()).collect();
         let mut used = 0u64;
         let mut freed = 0u64;
@@ -74,15 +91,7 @@ impl Store {
             tx.delete_table(t.detached())?;
         }
         for name in names.iter().filter_map(|n| n.strip_prefix("ino/")) {
-            let t = Tables::of(name);
-            let ino = tx.open_table(t.ino())?;
-            for r in ino.iter()? {
-                let (_, v) = r?;
-                used += dec(v.value())
-                    .map_err(|e| anyhow::anyhow!("corrupt inode record (errno {e})"))?
-                    .attr
-                    .alloc;
-            }
+            used += reserved_by(&tx.open_table(Tables::of(name).ino())?)?;
         }
         let limit = tx
             .open_table(META)?
@@ -121,18 +130,45 @@ impl Store {
         Ok(())
     }
 
+    /// Counts again the space the inodes reserve, after the namespace was opened again and
+    /// rolled back to its last durable commit.
+    pub(super) fn recount(&self) {
+        let counted = self.noting(|db| {
+            let tx = db.begin_read().map_err(internal)?;
+            let names: Vec<String> = tx
+                .list_tables()
+                .map_err(internal)?
+                .map(|h| h.name().to_string())
+                .collect();
+            let mut used = 0;
+            for name in names.iter().filter_map(|n| n.strip_prefix("ino/")) {
+                let t = tx.open_table(Tables::of(name).ino()).map_err(internal)?;
+                used += reserved_by(&t).map_err(|e| {
+                    tracing::error!(error = %e, "cannot count the space of the namespace's inodes");
+                    libc::EIO
+                })?;
+            }
+            Ok(used)
+        });
+        if let Ok(used) = counted {
+            *self.used.lock().unwrap() = used;
+        }
+    }
+
     /// A fresh inode number; call outside any write transaction (it may commit one itself).
     pub(super) fn alloc_ino(&self) -> FsResult<u64> {
         let mut g = self.inos.lock().unwrap();
         if g.0 >= g.1 {
             let limit = g.0 + INO_BATCH;
-            let mut tx = self.db.begin_write().map_err(internal)?;
-            tx.set_durability(Durability::Immediate).map_err(internal)?;
-            tx.open_table(META)
-                .map_err(internal)?
-                .insert("ino_limit", limit)
-                .map_err(internal)?;
-            tx.commit().map_err(internal)?;
+            self.noting(|db| {
+                let mut tx = db.begin_write().map_err(internal)?;
+                tx.set_durability(Durability::Immediate).map_err(internal)?;
+                tx.open_table(META)
+                    .map_err(internal)?
+                    .insert("ino_limit", limit)
+                    .map_err(internal)?;
+                tx.commit().map_err(internal)
+            })?;
             g.1 = limit;
         }
         g.0 += 1;
@@ -144,9 +180,11 @@ impl Store {
         if !self.unsynced.swap(false, Ordering::Relaxed) {
             return Ok(());
         }
-        let mut tx = self.db.begin_write().map_err(internal)?;
-        tx.set_durability(Durability::Immediate).map_err(internal)?;
-        tx.commit().map_err(internal)
+        self.noting(|db| {
+            let mut tx = db.begin_write().map_err(internal)?;
+            tx.set_durability(Durability::Immediate).map_err(internal)?;
+            tx.commit().map_err(internal)
+        })
     }
 
     /// fdatasync of the inode's data, then a durable commit of every namespace change so far.
@@ -182,5 +220,82 @@ mod tests {
         let s = Store::open(d.path(), 8 << 20).unwrap();
         let g = s.create("v", "/g", FileKind::File, 0o644, 0, 0, true, None).unwrap();
         assert_ne!(g.ino, first);
+    }
+}
+
+#[cfg(test)]
+mod full_disk {
+    use std::io::Write;
+
+    use splitos_rpc::{FileKind, SetAttr};
+
+    use super::*;
+
+    /// A small file system of the test's own, unmounted when dropped.
+    struct SmallDisk(tempfile::TempDir);
+
+    impl SmallDisk {
+        fn new() -> Option<SmallDisk> {
+            let d = tempfile::tempdir().unwrap();
+            let out = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "size=4m", "splitos-test-disk"])
+                .arg(d.path())
+                .output()
+                .ok()?;
+            out.status.success().then_some(SmallDisk(d))
+        }
+
+        /// Writes to the disk until it is full.
+        fn fill(&self) {
+            let mut f = std::fs::File::create(self.0.path().join("ballast")).unwrap();
+            while f.write(&[0u8; 4096]).is_ok_and(|n| n > 0) {}
+        }
+    }
+
+    impl Drop for SmallDisk {
+        fn drop(&mut self) {
+            let c = std::ffi::CString::new(self.0.path().as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: `c` is a NUL-terminated path that outlives the call, which only reads it.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+
+    /// A disk filled by someone else: new names fail with ENOSPC, and once there is room
+    /// again the namespace serves as before, whatever the database met meanwhile (before, an
+    /// I/O error inside it failed every later call with EIO until a restart).
+    #[test]
+    fn a_full_disk_fails_new_names_with_enospc_and_the_namespace_serves_again_once_freed() {
+        let Some(disk) = SmallDisk::new() else {
+            eprintln!("skipped: cannot mount a tmpfs (not root)");
+            return;
+        };
+        let s = Store::open(&disk.0.path().join("store"), 1 << 30).unwrap();
+        let v = "v";
+        let a = s.create(v, "/a", FileKind::File, 0o644, 0, 0, true, None).unwrap();
+        s.sync(v, Some(a.ino)).unwrap();
+        disk.fill();
+        assert_eq!(
+            s.create(v, "/b", FileKind::File, 0o644, 0, 0, true, None),
+            Err(libc::ENOSPC)
+        );
+        let mut failed = Vec::new();
+        for i in 0..2000 {
+            let set = SetAttr {
+                perm: Some(0o600 + i % 64),
+                ..Default::default()
+            };
+            if let Err(e) = s.setattr(v, a.ino, &set).and_then(|_| s.checkpoint()) {
+                failed.push(e);
+            }
+        }
+        assert!(
+            failed.iter().all(|e| [libc::ENOSPC, libc::EIO].contains(e)),
+            "{failed:?}"
+        );
+        std::fs::remove_file(disk.0.path().join("ballast")).unwrap();
+        let c = s.create(v, "/c", FileKind::File, 0o644, 0, 0, true, None).unwrap();
+        assert_eq!(s.lookup(v, "/c").unwrap().ino, c.ino);
+        assert_eq!(s.lookup(v, "/a").unwrap().ino, a.ino, "synced before the disk filled");
+        s.sync(v, Some(c.ino)).unwrap();
     }
 }

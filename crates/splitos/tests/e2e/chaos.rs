@@ -151,6 +151,57 @@ fn a_slowed_mcomponent_slows_its_programs_and_fails_none() {
     every_run_as_natively(&r, &said);
 }
 
+/// `full-disk` fills the sComponent's disk (one the chaos run mounted for it) while files
+/// are written: a run that met it fails with ENOSPC, which the fault explains, and the
+/// sComponent serves files again once the room is back (before, its namespace database,
+/// once it met the full disk, failed every later call with EIO until it restarted). The
+/// disk is unmounted when the run ends.
+#[test]
+fn a_full_scomponent_disk_fails_writes_with_enospc_and_files_work_again_once_freed() {
+    let mounted = || {
+        std::fs::read_to_string("/proc/mounts")
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("splitos-chaos-disk "))
+            .count()
+    };
+    let before = mounted();
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--seed",
+        "1",
+        "--minutes",
+        "0.15",
+        "--faults",
+        "full-disk",
+        "--only-workloads",
+        "--workload",
+        // A file of 64 MiB with an fsync every 8: the disk fills under it.
+        "python3 -c 'import os, tempfile\nwith tempfile.TemporaryDirectory(dir=os.environ.get(\"SPLITOS_VNODE_DIR\")) as t:\n    with open(os.path.join(t, \"f\"), \"wb\") as f:\n        for i in range(64):\n            f.write(bytes([i]) * (1 << 20))\n            if i % 8 == 7:\n                f.flush()\n                os.fsync(f.fileno())\n    print(os.path.getsize(os.path.join(t, \"f\")))'",
+        "--workload",
+        "python3 -c 'import os, tempfile\nwith tempfile.TemporaryDirectory(dir=os.environ.get(\"SPLITOS_VNODE_DIR\")) as t:\n    for i in range(200):\n        os.mkdir(os.path.join(t, str(i)))\n    print(len(os.listdir(t)))'",
+    ];
+    let (out, r) = report(dir.path(), &args);
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success() && r["passed"] == true, "{said}");
+    assert!(r["faults"]["full-disk"].as_u64().unwrap_or(0) >= 1, "{said}");
+    for seen in strings(&r["schedule"], "seen") {
+        assert!(seen.starts_with("its disk filled ("), "{seen}");
+    }
+    let errors = r["errors"].as_array().unwrap();
+    assert!(
+        errors
+            .iter()
+            .all(|e| e["detail"].as_str().unwrap().contains("No space left on device")
+                && e["explained_by"].as_str().unwrap().starts_with("full-disk")),
+        "{said}"
+    );
+    for w in r["workloads"].as_array().unwrap() {
+        assert!(w["as_native"].as_u64().unwrap() >= 1, "{w}");
+    }
+    assert_eq!(mounted(), before, "the run's disk is unmounted");
+}
+
 /// No run failed, whatever the faults: each ended as natively.
 fn every_run_as_natively(r: &serde_json::Value, said: &str) {
     assert!(r["errors"].as_array().unwrap().is_empty(), "{said}");

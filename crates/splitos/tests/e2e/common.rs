@@ -1561,3 +1561,35 @@ pub fn wait_cluster_memory_known(c: &TestCluster) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A tmpfs of `size` mounted for one test (a small disk to fill), unmounted when dropped, also
+/// when the test fails.
+pub struct SmallDisk(pub tempfile::TempDir);
+
+impl SmallDisk {
+    pub fn new(size: &str) -> SmallDisk {
+        let d = tempfile::Builder::new()
+            .prefix("splitos-small-disk-")
+            .tempdir()
+            .unwrap();
+        let out = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "splitos-test-disk",
+            ])
+            .arg(d.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "mount: {}", text(&out.stderr));
+        SmallDisk(d)
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        unmount_under(self.0.path());
+    }
+}

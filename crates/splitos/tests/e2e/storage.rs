@@ -732,30 +732,6 @@ fn bad_storage_configuration_is_named() {
     }
 }
 
-/// A tmpfs mounted for one test, unmounted when dropped (also when the test fails).
-struct SmallDisk(tempfile::TempDir);
-
-impl SmallDisk {
-    fn new(size: &str) -> SmallDisk {
-        let d = tempfile::tempdir().unwrap();
-        let st = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "splitos-test-disk"])
-            .arg(d.path())
-            .status()
-            .unwrap();
-        assert!(st.success(), "mount tmpfs");
-        SmallDisk(d)
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let c = std::ffi::CString::new(self.0.path().to_str().unwrap()).unwrap();
-        // SAFETY: `c` is a NUL-terminated path that outlives the call, which only reads it.
-        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-    }
-}
-
 #[test]
 fn a_full_disk_is_enospc_even_within_the_quota() {
     let disk = SmallDisk::new("4m");

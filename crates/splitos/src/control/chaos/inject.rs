@@ -101,6 +101,12 @@ pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String
             restart(rig, &f.target, t)?;
             Ok(format!("dead for {} ms; started again", f.hold_ms))
         }
+        Kind::FullDisk => {
+            let filled = rig.disks.fill(&f.target)?;
+            std::thread::sleep(hold);
+            rig.disks.empty(&f.target)?;
+            Ok(format!("its disk filled ({} MiB) for {} ms", filled >> 20, f.hold_ms))
+        }
         Kind::DrainMem => {
             let id = rig.id_of(&f.target)?;
             let said = rig.cluster(&["drain", &id, "--timeout", &SETTLE.as_secs().to_string()])?;

@@ -8,6 +8,7 @@
 //! configuration's tolerance explains. Afterwards the cluster must settle (every component
 //! alive, every vRegion with its copies) and hold nothing of a program that ended.
 mod defaults;
+mod disks;
 mod fds;
 mod inject;
 mod report;
@@ -60,7 +61,7 @@ pub struct ChaosArgs {
     /// Draw only these kinds of fault (comma-separated, e.g. `kill-mem,stop-storage`); by
     /// default every kind the configuration has: kill-mem, stop-mem, pause-mem, drain-mem,
     /// detach-mem, kill-gm, stop-gm, swap-placement, stop-proc, kill-proc, resize-excache, swap-policy,
-    /// stop-storage, kill-storage, slow-mem (docs/reliability.md says what each does).
+    /// stop-storage, kill-storage, slow-mem, full-disk (docs/reliability.md says what each does).
     #[arg(long, value_delimiter = ',', value_name = "KIND")]
     pub faults: Vec<Kind>,
     /// Programs running at once.
@@ -138,6 +139,8 @@ struct Rig {
     /// The managers `cluster up` started, named to every run so that none can fall back to
     /// an embedded cluster of its own while this one is down.
     gm: Option<String>,
+    /// Unmounted once the cluster is down, before the directory they are in goes.
+    disks: disks::Disks,
     _tmp: tempfile::TempDir,
     state: PathBuf,
     data: PathBuf,
@@ -334,6 +337,7 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
         // A copy survives the loss, and another mComponent can take the rebuilt one.
         mem_loss_tolerated: cfg.replication().members() > 1 && cfg.mcomponent.len() > cfg.replication().members(),
         silence_ms: cfg.cluster.reclaim_dead_ms,
+        disks: disks::Disks::plan(&cfg),
         only: args.faults.clone(),
     };
     if !cfg.ncomponent.is_empty() || cfg.managers().iter().any(|m| m.netns.is_some()) {
@@ -341,7 +345,7 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
     }
     let schedule = schedule::draw(seed, (args.minutes * 60_000.0) as u64, &targets);
     if schedule.is_empty() {
-        anyhow::bail!("no fault of the kinds --faults names fits this cluster (an mComponent to kill needs replicas, a drain two mComponents, a storage fault an sComponent, a change the REST API)");
+        anyhow::bail!("no fault of the kinds --faults names fits this cluster (an mComponent to kill needs replicas, a drain two mComponents, a storage fault an sComponent, a full disk root and an sComponent given no directory, a change the REST API)");
     }
     if let Some(w) = args
         .without
@@ -391,9 +395,11 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
     // This process's own calls to the managers (`Rig::lost`) go to the rig's cluster, with
     // its admin's credentials and transport; set before any thread starts.
     std::env::set_var("SPLITOS_STATE_DIR", tmp.path().join("state"));
+    let (disks, config) = disks::Disks::make(&config, &targets.disks, tmp.path())?;
     let mut rig = Rig {
         exe: std::env::current_exe()?,
         gm: None,
+        disks,
         state: tmp.path().join("state"),
         data: tmp.path().join("data"),
         _tmp: tmp,

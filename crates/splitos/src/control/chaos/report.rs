@@ -31,7 +31,8 @@ pub(super) struct Report {
 
 /// The fault that explains a failed run, if any: one beyond the configuration's tolerance
 /// (a pComponent killed, or stopped until the managers gave it up; with one manager, the
-/// manager killed; an mComponent lost without a copy elsewhere; an sComponent killed) while
+/// manager killed; an mComponent lost without a copy elsewhere; an sComponent killed or its
+/// disk full) while
 /// the run went on, which its error (the last line of its stderr) names. A change an
 /// operator makes (a drain, a resize, a policy) explains nothing.
 fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
@@ -47,6 +48,7 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
         Kind::KillMem | Kind::StopMem | Kind::PauseMem => e.contains("mComponent") || file_lost,
         // A file call the sComponent could not serve fails with EIO.
         Kind::KillStorage | Kind::StopStorage => e.contains("sComponent") || e.contains("Input/output error"),
+        Kind::FullDisk => e.contains("No space left on device"),
         // Never beyond the tolerance (below): nothing to name.
         _ => false,
     };
@@ -67,6 +69,7 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
                 // The vNodes' files have no copy elsewhere.
                 Kind::KillStorage => true,
                 Kind::StopStorage => held_lost,
+                Kind::FullDisk => true,
                 Kind::DrainMem
                 | Kind::DetachMem
                 | Kind::ResizeExcache

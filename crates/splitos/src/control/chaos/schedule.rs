@@ -51,6 +51,10 @@ pub enum Kind {
     /// does: stopped 20 ms of every 50 (SIGSTOP, SIGCONT). Within every configuration's
     /// tolerance: its programs slow down, none fails.
     SlowMem,
+    /// Fill an sComponent's disk for the hold, then free it: file writes meanwhile fail with
+    /// ENOSPC (no configuration tolerates a full disk). Drawn only for an sComponent on a
+    /// disk the chaos run made (run as root, the configuration giving it no directory).
+    FullDisk,
 }
 
 /// Eviction and read-ahead policies a pComponent can take while it runs, and placements.
@@ -78,6 +82,7 @@ impl Kind {
             Kind::StopStorage => "stop-storage",
             Kind::KillStorage => "kill-storage",
             Kind::SlowMem => "slow-mem",
+            Kind::FullDisk => "full-disk",
         }
     }
 
@@ -87,7 +92,7 @@ impl Kind {
             Kind::KillMem | Kind::StopMem | Kind::PauseMem | Kind::DrainMem | Kind::DetachMem | Kind::SlowMem => "mem",
             Kind::KillGm | Kind::StopGm | Kind::SwapPlacement => "gm",
             Kind::StopProc | Kind::KillProc | Kind::ResizeExcache | Kind::SwapPolicy => "proc",
-            Kind::StopStorage | Kind::KillStorage => "storage",
+            Kind::StopStorage | Kind::KillStorage | Kind::FullDisk => "storage",
         }
     }
 
@@ -133,6 +138,8 @@ pub struct Targets {
     pub mem_loss_tolerated: bool,
     /// The managers' silence limit (`reclaim_dead_ms`): a stop stays well under it.
     pub silence_ms: u64,
+    /// The sComponents on a disk of the run's own, by index: only those are filled.
+    pub disks: Vec<usize>,
     /// The kinds of fault to draw from (empty: every kind the cluster has).
     pub only: Vec<Kind>,
 }
@@ -165,6 +172,9 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
         kinds.push((Kind::DetachMem, 2));
     }
     kinds.push((Kind::SlowMem, 2));
+    if !t.disks.is_empty() {
+        kinds.push((Kind::FullDisk, 1));
+    }
     kinds.retain(|(k, _)| {
         (t.only.is_empty() || t.only.contains(k))
             && (t.api || !k.through_api())
@@ -192,6 +202,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
         let (target, index) = match kind.target_kind() {
             "mem" => ("mem", rng.random_range(0..t.mems)),
             "proc" => ("proc", rng.random_range(0..t.procs)),
+            "storage" if kind == Kind::FullDisk => ("storage", t.disks[rng.random_range(0..t.disks.len())]),
             // Storage components are named from 0 with one as with several.
             "storage" => ("storage", rng.random_range(0..t.storages)),
             _ if t.managers > 1 => ("gm", rng.random_range(0..t.managers)),
@@ -240,7 +251,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
 mod tests {
     use super::*;
 
-    const ALL: [Kind; 15] = [
+    const ALL: [Kind; 16] = [
         Kind::KillMem,
         Kind::StopMem,
         Kind::PauseMem,
@@ -256,6 +267,7 @@ mod tests {
         Kind::StopStorage,
         Kind::KillStorage,
         Kind::SlowMem,
+        Kind::FullDisk,
     ];
 
     fn targets(tolerated: bool) -> Targets {
@@ -269,6 +281,7 @@ mod tests {
             managers: 1,
             mem_loss_tolerated: tolerated,
             silence_ms: 2000,
+            disks: vec![0],
         }
     }
 
@@ -328,6 +341,28 @@ mod tests {
         assert!(draw(1, 600_000, &bare)
             .iter()
             .all(|f| !f.kind.through_api() && f.kind.target_kind() != "storage"));
+        // A disk not of the run's own is never filled.
+        let theirs = Targets {
+            storages: 2,
+            disks: vec![1],
+            ..targets(true)
+        };
+        let s = draw(1, 600_000, &theirs);
+        assert!(s.iter().any(|f| f.kind == Kind::FullDisk));
+        assert!(s
+            .iter()
+            .filter(|f| f.kind == Kind::FullDisk)
+            .all(|f| f.target == "storage1"));
+        assert!(draw(
+            1,
+            600_000,
+            &Targets {
+                disks: Vec::new(),
+                ..targets(true)
+            }
+        )
+        .iter()
+        .all(|f| f.kind != Kind::FullDisk));
         let only = Targets {
             only: vec![Kind::KillStorage, Kind::SwapPolicy],
             ..targets(true)
