@@ -29,7 +29,7 @@ pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String
         .ok_or_else(|| anyhow::anyhow!("{} is not running", f.target))?;
     let hold = Duration::from_millis(f.hold_ms);
     match f.kind {
-        Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage => {
+        Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage | Kind::StopNet => {
             let addr = rig.addr_of(&f.target).unwrap_or_default();
             signal(pid, libc::SIGSTOP);
             // On a loaded host a stop shorter than the silence limit can still outlast it
@@ -95,7 +95,7 @@ pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String
                 "held lost: {held_lost}; vRegions short of a copy, at most {short}, rebuilt: {rebuilt}; {back}"
             ))
         }
-        Kind::KillGm | Kind::KillProc | Kind::KillStorage => {
+        Kind::KillGm | Kind::KillProc | Kind::KillStorage | Kind::KillNet => {
             signal(pid, libc::SIGKILL);
             std::thread::sleep(hold);
             restart(rig, &f.target, t)?;

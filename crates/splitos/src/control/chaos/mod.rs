@@ -11,6 +11,7 @@ mod defaults;
 mod disks;
 mod fds;
 mod inject;
+mod net;
 mod report;
 mod schedule;
 
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::config::ClusterConfig;
+use crate::config::{ClusterConfig, Loopback};
 use defaults::{DEFAULT_CONFIG, DEFAULT_WORKLOADS};
 use inject::inject;
 use report::{print_report, replay, report};
@@ -61,7 +62,8 @@ pub struct ChaosArgs {
     /// Draw only these kinds of fault (comma-separated, e.g. `kill-mem,stop-storage`); by
     /// default every kind the configuration has: kill-mem, stop-mem, pause-mem, drain-mem,
     /// detach-mem, kill-gm, stop-gm, swap-placement, stop-proc, kill-proc, resize-excache, swap-policy,
-    /// stop-storage, kill-storage, slow-mem, full-disk (docs/reliability.md says what each does).
+    /// stop-storage, kill-storage, slow-mem, full-disk, stop-net, kill-net (docs/reliability.md
+    /// says what each does).
     #[arg(long, value_delimiter = ',', value_name = "KIND")]
     pub faults: Vec<Kind>,
     /// Programs running at once.
@@ -267,6 +269,7 @@ fn settled(s: &Value, t: &Targets) -> bool {
     alive(s, "mcomponent") == t.mems
         && alive(s, "pcomponent") == t.procs
         && alive(s, "scomponent") == t.storages
+        && alive(s, "ncomponent") == t.nets
         && short_vregions(s) == 0
 }
 
@@ -331,6 +334,7 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
         mems: cfg.mcomponent.len(),
         procs: cfg.pcomponent.len(),
         storages: cfg.scomponent.len(),
+        nets: cfg.ncomponent.len(),
         excaches: cfg.pcomponent.iter().map(|p| p.excache.0).collect(),
         api: cfg.cluster.api != "off",
         managers: cfg.managers().len(),
@@ -340,8 +344,12 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
         disks: disks::Disks::plan(&cfg),
         only: args.faults.clone(),
     };
-    if !cfg.ncomponent.is_empty() || cfg.managers().iter().any(|m| m.netns.is_some()) {
-        anyhow::bail!("splitos chaos runs clusters of this host's loopback alone: the configuration has nComponents or namespaces");
+    if cfg.ncomponent.iter().any(|n| n.netns.is_some()) || cfg.managers().iter().any(|m| m.netns.is_some()) {
+        anyhow::bail!("splitos chaos runs clusters of this host's loopback alone: the configuration has network namespaces");
+    }
+    // The network workload's server is on the host's loopback.
+    if cfg.ncomponent.iter().any(|n| n.loopback != Loopback::Host) {
+        anyhow::bail!("splitos chaos's network workload fetches from a server on the host's loopback: give every [[ncomponent]] loopback = \"host\"");
     }
     let schedule = schedule::draw(seed, (args.minutes * 60_000.0) as u64, &targets);
     if schedule.is_empty() {
@@ -350,11 +358,12 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
     if let Some(w) = args
         .without
         .iter()
-        .find(|w| !DEFAULT_WORKLOADS.iter().any(|(n, _)| n == w))
+        .find(|w| *w != net::NAME && !DEFAULT_WORKLOADS.iter().any(|(n, _)| n == w))
     {
         anyhow::bail!(
-            "--without {w}: no such default workload (they are {})",
-            DEFAULT_WORKLOADS.map(|(n, _)| n).join(", ")
+            "--without {w}: no such default workload (they are {}, and {} with nComponents)",
+            DEFAULT_WORKLOADS.map(|(n, _)| n).join(", "),
+            net::NAME
         );
     }
     if args.schedule_only {
@@ -371,8 +380,13 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
         .enumerate()
         .map(|(i, c)| (format!("workload-{}", i + 1), c.clone()));
     let exe = std::env::current_exe()?.to_string_lossy().replace('\'', "'\\''");
-    let defaults = defaults.map(|(n, c)| (n.to_string(), c.replace("{splitos}", &format!("'{exe}'"))));
-    for (name, cmd) in defaults.chain(named) {
+    let mut defaults: Vec<(String, String)> = defaults
+        .map(|(n, c)| (n.to_string(), c.replace("{splitos}", &format!("'{exe}'"))))
+        .collect();
+    if targets.nets > 0 && !args.only_workloads && !args.without.iter().any(|w| w == net::NAME) {
+        defaults.push((net::NAME.to_string(), net::workload(net::serve()?)));
+    }
+    for (name, cmd) in defaults.into_iter().chain(named) {
         let t = Instant::now();
         let out = Command::new("sh").args(["-c", &cmd]).stdin(Stdio::null()).output()?;
         if !out.status.success() {
@@ -393,7 +407,8 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
         anyhow::bail!("no workload: --only-workloads needs a --workload");
     }
     // This process's own calls to the managers (`Rig::lost`) go to the rig's cluster, with
-    // its admin's credentials and transport; set before any thread starts.
+    // its admin's credentials and transport; set before any thread that reads the
+    // environment starts (the network workload's server reads none).
     std::env::set_var("SPLITOS_STATE_DIR", tmp.path().join("state"));
     let (disks, config) = disks::Disks::make(&config, &targets.disks, tmp.path())?;
     let mut rig = Rig {

@@ -49,6 +49,10 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
         // A file call the sComponent could not serve fails with EIO.
         Kind::KillStorage | Kind::StopStorage => e.contains("sComponent") || e.contains("Input/output error"),
         Kind::FullDisk => e.contains("No space left on device"),
+        // A connection the nComponent carried ends with it.
+        Kind::KillNet | Kind::StopNet => ["Network is down", "Connection reset", "Broken pipe", "nComponent"]
+            .iter()
+            .any(|m| e.contains(m)),
         // Never beyond the tolerance (below): nothing to name.
         _ => false,
     };
@@ -70,6 +74,8 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
                 Kind::KillStorage => true,
                 Kind::StopStorage => held_lost,
                 Kind::FullDisk => true,
+                Kind::KillNet => true,
+                Kind::StopNet => held_lost,
                 Kind::DrainMem
                 | Kind::DetachMem
                 | Kind::ResizeExcache

@@ -55,6 +55,13 @@ pub enum Kind {
     /// ENOSPC (no configuration tolerates a full disk). Drawn only for an sComponent on a
     /// disk the chaos run made (run as root, the configuration giving it no directory).
     FullDisk,
+    /// SIGSTOP an nComponent for the hold, shorter than the silence limit: socket calls
+    /// wait.
+    StopNet,
+    /// kill -9 an nComponent; start it again after the hold. Its connections end with it
+    /// (beyond the tolerance of a configuration with one nComponent): programs read end of
+    /// file or `ENETDOWN`, and sockets made meanwhile get `ENETDOWN`.
+    KillNet,
 }
 
 /// Eviction and read-ahead policies a pComponent can take while it runs, and placements.
@@ -83,6 +90,8 @@ impl Kind {
             Kind::KillStorage => "kill-storage",
             Kind::SlowMem => "slow-mem",
             Kind::FullDisk => "full-disk",
+            Kind::StopNet => "stop-net",
+            Kind::KillNet => "kill-net",
         }
     }
 
@@ -93,6 +102,7 @@ impl Kind {
             Kind::KillGm | Kind::StopGm | Kind::SwapPlacement => "gm",
             Kind::StopProc | Kind::KillProc | Kind::ResizeExcache | Kind::SwapPolicy => "proc",
             Kind::StopStorage | Kind::KillStorage | Kind::FullDisk => "storage",
+            Kind::StopNet | Kind::KillNet => "net",
         }
     }
 
@@ -127,6 +137,7 @@ pub struct Targets {
     pub mems: usize,
     pub procs: usize,
     pub storages: usize,
+    pub nets: usize,
     /// The configured ExCache of each pComponent, in bytes: a resize draws around it.
     pub excaches: Vec<u64>,
     /// Whether the managers serve the REST API, which changes go through.
@@ -175,6 +186,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
     if !t.disks.is_empty() {
         kinds.push((Kind::FullDisk, 1));
     }
+    kinds.extend([(Kind::StopNet, 2), (Kind::KillNet, 1)]);
     kinds.retain(|(k, _)| {
         (t.only.is_empty() || t.only.contains(k))
             && (t.api || !k.through_api())
@@ -182,6 +194,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
                 "mem" => t.mems > 0,
                 "proc" => t.procs > 0,
                 "storage" => t.storages > 0,
+                "net" => t.nets > 0,
                 _ => true,
             }
     });
@@ -205,6 +218,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
             "storage" if kind == Kind::FullDisk => ("storage", t.disks[rng.random_range(0..t.disks.len())]),
             // Storage components are named from 0 with one as with several.
             "storage" => ("storage", rng.random_range(0..t.storages)),
+            "net" => ("net", rng.random_range(0..t.nets)),
             _ if t.managers > 1 => ("gm", rng.random_range(0..t.managers)),
             _ => ("gm", usize::MAX),
         };
@@ -214,7 +228,9 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
         };
         let detach_end = (kind == Kind::DetachMem).then(|| DETACH_ENDS[rng.random_range(0..DETACH_ENDS.len())]);
         let hold_ms = match kind {
-            Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage => rng.random_range(100..=stop_ms),
+            Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage | Kind::StopNet => {
+                rng.random_range(100..=stop_ms)
+            }
             // Called off soon, while its memory moves: a move takes a second or so.
             Kind::DetachMem if detach_end == Some("call-off") => rng.random_range(50..=300),
             _ => rng.random_range(200..=2000),
@@ -251,7 +267,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
 mod tests {
     use super::*;
 
-    const ALL: [Kind; 16] = [
+    const ALL: [Kind; 18] = [
         Kind::KillMem,
         Kind::StopMem,
         Kind::PauseMem,
@@ -268,6 +284,8 @@ mod tests {
         Kind::KillStorage,
         Kind::SlowMem,
         Kind::FullDisk,
+        Kind::StopNet,
+        Kind::KillNet,
     ];
 
     fn targets(tolerated: bool) -> Targets {
@@ -275,6 +293,7 @@ mod tests {
             mems: 4,
             procs: 1,
             storages: 1,
+            nets: 1,
             excaches: vec![16 << 20],
             api: true,
             only: Vec::new(),
@@ -304,13 +323,14 @@ mod tests {
             .iter()
             .filter(|f| matches!(
                 f.kind,
-                Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage
+                Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage | Kind::StopNet
             ))
             .all(|f| f.hold_ms <= 2000 / 3));
         assert!(s.iter().all(|f| match f.kind.target_kind() {
             "mem" => ["mem0", "mem1", "mem2", "mem3"].contains(&f.target.as_str()),
             "proc" => f.target == "proc0",
             "storage" => f.target == "storage0",
+            "net" => f.target == "net0",
             _ => f.target == "gm",
         }));
         // Each change says what it sets, within what the component takes.
@@ -335,12 +355,13 @@ mod tests {
             .all(|f| !matches!(f.kind, Kind::KillMem | Kind::PauseMem)));
         let bare = Targets {
             storages: 0,
+            nets: 0,
             api: false,
             ..targets(true)
         };
         assert!(draw(1, 600_000, &bare)
             .iter()
-            .all(|f| !f.kind.through_api() && f.kind.target_kind() != "storage"));
+            .all(|f| !f.kind.through_api() && !["storage", "net"].contains(&f.kind.target_kind())));
         // A disk not of the run's own is never filled.
         let theirs = Targets {
             storages: 2,
