@@ -202,6 +202,48 @@ fn a_full_scomponent_disk_fails_writes_with_enospc_and_files_work_again_once_fre
     assert_eq!(mounted(), before, "the run's disk is unmounted");
 }
 
+/// With an nComponent, `network` fetches a document through it from a server on the host's
+/// loopback while `stop-net` pauses it and `kill-net` kills it: every fetch prints what it
+/// prints natively or fails naming the network, explained by a kill; the nComponent's own
+/// counters show it carried the fetches' connections before each kill; the cluster settles
+/// with the nComponent back.
+#[test]
+fn an_ncomponent_stopped_and_killed_under_fetches_fails_none_it_does_not_explain() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cluster.toml");
+    std::fs::write(
+        &config,
+        "[cluster]\nvregion_size = \"4M\"\n[[pcomponent]]\nexcache = \"16M\"\n[[scomponent]]\n[[mcomponent]]\n[[mcomponent]]\n[[mcomponent]]\n[[ncomponent]]\nlisten = \"127.0.0.1:0\"\nloopback = \"host\"\n",
+    )
+    .unwrap();
+    let mut args = vec!["--config", config.to_str().unwrap()];
+    // Seed 1 draws kill-net, stop-net, kill-net, ... in its quarter of a minute.
+    args.extend(["--seed", "1", "--minutes", "0.25", "--faults", "stop-net,kill-net"]);
+    for w in ["cpython-heap", "cpython-threads", "c-pipeline", "files", "memcached"] {
+        args.extend(["--without", w]);
+    }
+    let (out, r) = report(dir.path(), &args);
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success() && r["passed"] == true, "{said}");
+    assert!(r["faults"]["kill-net"].as_u64().unwrap_or(0) >= 1, "{said}");
+    assert!(r["faults"]["stop-net"].as_u64().unwrap_or(0) >= 1, "{said}");
+    let w = &r["workloads"].as_array().unwrap()[0];
+    assert_eq!(w["name"], "network", "{w}");
+    assert!(w["as_native"].as_u64().unwrap() >= 1, "{w}");
+    let kills: Vec<&str> = strings(&r["schedule"], "seen")
+        .into_iter()
+        .filter(|s| s.starts_with("carried "))
+        .collect();
+    // Each instance counts from its start: one killed before any fetch carried none.
+    assert!(
+        kills.iter().any(|seen| seen
+            .strip_prefix("carried ")
+            .and_then(|s| s.split(' ').next()?.parse::<u64>().ok())
+            .is_some_and(|n| n >= 1)),
+        "{kills:?}"
+    );
+}
+
 /// No run failed, whatever the faults: each ended as natively.
 fn every_run_as_natively(r: &serde_json::Value, said: &str) {
     assert!(r["errors"].as_array().unwrap().is_empty(), "{said}");

@@ -22,6 +22,24 @@ pub(super) fn signal(pid: u32, sig: libc::c_int) {
     unsafe { libc::kill(pid as i32, sig) };
 }
 
+/// The connections and bytes nComponent `name` carried for programs, as it counts them.
+fn carried(rig: &Rig, name: &str) -> String {
+    let addr = rig.addr_of(name).unwrap_or_default();
+    let Some(s) = rig.status() else {
+        return String::new();
+    };
+    let n = super::components(&s, "ncomponent")
+        .into_iter()
+        .find(|c| c["addr"] == addr.as_str())
+        .map(|c| c["stats"].clone())
+        .unwrap_or_default();
+    format!(
+        "carried {} connection(s), {} bytes received; ",
+        n["connects"].as_u64().unwrap_or(0),
+        n["wire_received_bytes"].as_u64().unwrap_or(0)
+    )
+}
+
 /// Injects fault `f` and heals it: what the cluster showed of it, or why it could not.
 pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String> {
     let pid = rig
@@ -96,10 +114,15 @@ pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String
             ))
         }
         Kind::KillGm | Kind::KillProc | Kind::KillStorage | Kind::KillNet => {
+            // What an nComponent carried, by its own counters: the workload's sockets were its.
+            let carried = match f.kind {
+                Kind::KillNet => carried(rig, &f.target),
+                _ => String::new(),
+            };
             signal(pid, libc::SIGKILL);
             std::thread::sleep(hold);
             restart(rig, &f.target, t)?;
-            Ok(format!("dead for {} ms; started again", f.hold_ms))
+            Ok(format!("{carried}dead for {} ms; started again", f.hold_ms))
         }
         Kind::FullDisk => {
             let filled = rig.disks.fill(&f.target)?;

@@ -282,6 +282,12 @@ fn held(s: &Value) -> Vec<String> {
             out.push(format!("pComponent {} still has {n} process(es)", c["addr"]));
         }
     }
+    for c in components(s, "ncomponent").into_iter().filter(|c| c["alive"] == true) {
+        let n = c["stats"]["open_sockets"].as_u64().unwrap_or(0);
+        if n > 0 {
+            out.push(format!("nComponent {} still has {n} socket(s) open", c["addr"]));
+        }
+    }
     for c in components(s, "mcomponent").into_iter().filter(|c| c["alive"] == true) {
         let st = &c["stats"];
         // By pid, to be looked up in the components' logs.
