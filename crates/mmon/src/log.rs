@@ -208,11 +208,8 @@ impl BackupLog {
         crate::series::LOG_SKIPPED_RECORDS.increment(1);
     }
 
-    /// Room for a copy: half the log free, and its sComponent taking what it is sent (a
-    /// copy into a log that cannot drain holds the process's home until it gives up).
     fn roomy(&self) -> bool {
-        let q = self.q.lock().unwrap();
-        q.bytes < self.capacity / 2 && q.stalled.is_none()
+        self.q.lock().unwrap().bytes < self.capacity / 2
     }
 
     pub fn stats(&self) -> serde_json::Value {
@@ -416,7 +413,9 @@ impl<P: Peers> Mem<P> {
                 // whole nor counting a skip, and so asking again only after `COPY_DUE`: it
                 // misses the copy's pages as it missed the skipped ones, and asks again
                 // sooner, later each time it fails again.
-                if let Some(p) = self.owned.lock().unwrap().get(&who.pid).cloned() {
+                // The map's lock is let go first: a fork locks a process, then the map.
+                let p = self.owned.lock().unwrap().get(&who.pid).cloned();
+                if let Some(p) = p {
                     if let Some(l) = p.lock().unwrap().logs.get_mut(&index).filter(|l| !l.protects()) {
                         l.skipped = l.skipped.max(1);
                         l.copies_failed += 1;

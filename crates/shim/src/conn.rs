@@ -126,7 +126,7 @@ pub(crate) fn connect() -> Welcomed {
         die(&[
             b"no welcome from the pComponent at ",
             path,
-            b" (closed, or a splitos build older than this shim)",
+            b" within 30 s (closed; started and not yet registered with its managers, which do not answer; or a splitos build older than this shim)",
         ]);
     }
     set_receive_timeout(sock, &libc::timeval { tv_sec: 0, tv_usec: 0 });

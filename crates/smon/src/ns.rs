@@ -11,13 +11,13 @@ mod data;
 mod durability;
 
 pub use durability::InUse;
-use durability::NAMESPACE;
+use durability::{count_used, NAMESPACE};
 
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
@@ -28,6 +28,8 @@ use splitos_rpc::{DirEntry, FileAttr, FileKind, SetAttr, NAME_MAX, PATH_MAX};
 pub type FsResult<T> = Result<T, i32>;
 
 const ROOT_INO: u64 = 1;
+/// While the disk is full, how long after opening the namespace again it is not opened again.
+const REOPEN_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// Entries per directory-listing reply.
 const LIST_BATCH: usize = 256;
 
@@ -80,14 +82,12 @@ thread_local! {
 fn internal(e: impl Into<redb::Error>) -> i32 {
     let e: redb::Error = e.into();
     let errno = match &e {
-        redb::Error::Io(io) => {
-            // An I/O error inside redb poisons the database until it is opened again.
-            NEEDS_REOPEN.set(true);
-            match io.raw_os_error() {
-                Some(n @ (libc::ENOSPC | libc::EDQUOT)) => n,
-                _ => libc::EIO,
-            }
-        }
+        redb::Error::Io(io) => match io.raw_os_error() {
+            Some(n @ (libc::ENOSPC | libc::EDQUOT)) => n,
+            _ => libc::EIO,
+        },
+        // An I/O error that left the file in doubt: redb refuses every later call until the
+        // database is opened again (one it could ride out it only reports).
         redb::Error::PreviousIo => {
             NEEDS_REOPEN.set(true);
             libc::EIO
@@ -116,6 +116,10 @@ pub struct Store {
     db: RwLock<Option<Database>>,
     /// An I/O error left the database refusing everything: it is opened again first.
     poisoned: AtomicBool,
+    /// When it was last opened again, or tried.
+    reopened_at: Mutex<Option<std::time::Instant>>,
+    /// Times it was opened again.
+    reopens: AtomicU64,
     /// Next inode number and the end of the durably reserved range.
     inos: Mutex<(u64, u64)>,
     /// Changes committed without fsync since the last durable commit.
@@ -154,6 +158,15 @@ impl Tables {
     }
     fn detached(&self) -> DetachedTable<'_> {
         TableDefinition::new(&self.detached)
+    }
+}
+
+/// A vNode's table not made yet is ENOENT (the vNode has no file yet); anything else is
+/// the database's failure.
+fn table_missing(e: redb::TableError) -> i32 {
+    match e {
+        redb::TableError::TableDoesNotExist(_) => libc::ENOENT,
+        e => internal(e),
     }
 }
 
@@ -233,10 +246,11 @@ impl Store {
     /// has it opened again before the next call. Without that, a disk full for a moment
     /// failed every later call with EIO until the sComponent restarted.
     fn noting<T>(&self, f: impl FnOnce(&Database) -> FsResult<T>) -> FsResult<T> {
-        let r = {
-            let db = self.db()?;
-            f(db.as_ref().ok_or(libc::EIO)?)
-        };
+        NEEDS_REOPEN.set(false);
+        let db = self.db()?;
+        let r = f(db.as_ref().ok_or(libc::EIO)?);
+        // Marked while the handle that failed is still the one open (a reopen waits for this
+        // guard), so that a late mark cannot have a fresh database opened again.
         if NEEDS_REOPEN.take() {
             self.poisoned.store(true, Ordering::Relaxed);
         }
@@ -245,30 +259,44 @@ impl Store {
 
     /// The namespace database, opened again first if it was poisoned. It rolls back to its
     /// last durable commit, as after a crash: changes since the last fsync may be lost, and
-    /// what they reserved is counted again from the inodes that remain.
+    /// what they reserved is counted again from the inodes that remain before anything else
+    /// uses it. While the disk stays full (a database opened again meets it again, and each
+    /// time rolls back), it is opened again at most every `REOPEN_EVERY`; calls between fail
+    /// with EIO.
     fn db(&self) -> FsResult<RwLockReadGuard<'_, Option<Database>>> {
         if self.poisoned.load(Ordering::Relaxed) {
             let mut db = self.db.write().unwrap();
-            if self.poisoned.swap(false, Ordering::Relaxed) {
+            let mut last = self.reopened_at.lock().unwrap();
+            if self.poisoned.load(Ordering::Relaxed) {
+                let full = self.names_room_and_free().is_some_and(|(room, free)| free <= room);
+                if full && last.is_some_and(|t| t.elapsed() < REOPEN_EVERY) {
+                    return Err(libc::EIO);
+                }
+                *last = Some(std::time::Instant::now());
                 // The file stays locked while the old handle is open.
                 drop(db.take());
-                match Database::create(self.dir.join(NAMESPACE)) {
-                    Ok(d) => {
+                static REOPENED: Refusals = Refusals::new("opened the namespace again after an I/O error");
+                let opened = Database::create(self.dir.join(NAMESPACE))
+                    .map_err(|e| e.to_string())
+                    .and_then(|d| count_used(&d).map(|used| (d, used)));
+                match opened {
+                    Ok((d, used)) => {
+                        *self.used.lock().unwrap() = used;
                         *db = Some(d);
+                        self.poisoned.store(false, Ordering::Relaxed);
+                        self.reopens.fetch_add(1, Ordering::Relaxed);
                         crate::series::NAMESPACE_REOPENED.increment(1);
-                        static REOPENED: Refusals = Refusals::new("opened the namespace again after an I/O error");
                         if REOPENED.log_this("namespace") {
                             tracing::warn!("opened the namespace again after an I/O error (a full disk?): changes not yet synced may be lost");
                         }
                     }
                     Err(e) => {
-                        self.poisoned.store(true, Ordering::Relaxed);
-                        tracing::error!(error = %e, "cannot open the namespace again after an I/O error; will try at the next call");
+                        if REOPENED.log_this("namespace") {
+                            tracing::error!(error = %e, "cannot open the namespace again after an I/O error; will try again");
+                        }
                         return Err(libc::EIO);
                     }
                 }
-                drop(db);
-                self.recount();
             }
         }
         Ok(self.db.read().unwrap())
@@ -344,10 +372,8 @@ impl Store {
             return self.getattr(vnode, ROOT_INO);
         }
         self.read(vnode, |tx, t| {
-            let (ns, ino) = match (tx.open_table(t.ns()), tx.open_table(t.ino())) {
-                (Ok(n), Ok(i)) => (n, i),
-                _ => return Err(libc::ENOENT),
-            };
+            let ns = tx.open_table(t.ns()).map_err(table_missing)?;
+            let ino = tx.open_table(t.ino()).map_err(table_missing)?;
             let i = Store::resolve(&ns, &ino, path)?;
             Ok(Store::get_inode(&ino, i)?.attr)
         })
@@ -355,7 +381,7 @@ impl Store {
 
     pub fn getattr(&self, vnode: &str, ino: u64) -> FsResult<FileAttr> {
         match self.read(vnode, |tx, t| {
-            Ok(Store::get_inode(&tx.open_table(t.ino()).map_err(|_| libc::ENOENT)?, ino)?.attr)
+            Ok(Store::get_inode(&tx.open_table(t.ino()).map_err(table_missing)?, ino)?.attr)
         }) {
             // A vNode's root exists from its first request on.
             Err(libc::ENOENT) if ino == ROOT_INO => self.write(vnode, false, |tx, t, _| {
@@ -453,7 +479,7 @@ impl Store {
 
     pub fn readlink(&self, vnode: &str, ino: u64) -> FsResult<String> {
         self.read(vnode, |tx, t| {
-            let i = Store::get_inode(&tx.open_table(t.ino()).map_err(|_| libc::ENOENT)?, ino)?;
+            let i = Store::get_inode(&tx.open_table(t.ino()).map_err(table_missing)?, ino)?;
             i.target.ok_or(libc::EINVAL)
         })
     }
@@ -639,9 +665,14 @@ impl Store {
             return Err(libc::ENOTDIR);
         }
         self.read(vnode, |tx, t| {
-            let (ns, ino) = match (tx.open_table(t.ns()), tx.open_table(t.ino())) {
+            let tables = (
+                tx.open_table(t.ns()).map_err(table_missing),
+                tx.open_table(t.ino()).map_err(table_missing),
+            );
+            let (ns, ino) = match tables {
                 (Ok(n), Ok(i)) => (n, i),
-                _ => return Ok((Vec::new(), false)),
+                (Err(libc::ENOENT), _) | (_, Err(libc::ENOENT)) => return Ok((Vec::new(), false)),
+                (Err(e), _) | (_, Err(e)) => return Err(e),
             };
             let start = (path, after.unwrap_or(""));
             let mut out = Vec::new();
@@ -690,8 +721,10 @@ impl Store {
     }
 
     pub fn files(&self, vnode: &str) -> FsResult<u64> {
-        self.read(vnode, |tx, t| {
-            Ok(tx.open_table(t.ino()).map(|i| i.len().unwrap_or(0)).unwrap_or(0))
+        self.read(vnode, |tx, t| match tx.open_table(t.ino()).map_err(table_missing) {
+            Ok(i) => i.len().map_err(internal),
+            Err(libc::ENOENT) => Ok(0),
+            Err(e) => Err(e),
         })
     }
 }

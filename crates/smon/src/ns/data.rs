@@ -100,7 +100,7 @@ impl Store {
 
     /// The room on the disk kept for the namespace, and what is free there now; `None` where
     /// the file system does not say.
-    fn names_room_and_free(&self) -> Option<(u64, u64)> {
+    pub(super) fn names_room_and_free(&self) -> Option<(u64, u64)> {
         let path = std::ffi::CString::new(self.dir.as_os_str().as_encoded_bytes()).ok()?;
         // SAFETY: statvfs writes only into `st`, fully initialized when it succeeds.
         let mut st: libc::statvfs = unsafe { std::mem::zeroed() };

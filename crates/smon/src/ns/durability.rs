@@ -8,7 +8,7 @@
 //! when the store is opened again.
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
@@ -22,6 +22,21 @@ const INO_BATCH: u64 = 4096;
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// The namespace database's file in the storage directory.
 pub(super) const NAMESPACE: &str = "namespace.redb";
+
+/// The bytes all inodes of database `db` reserve (for a store opened again).
+pub(super) fn count_used(db: &Database) -> Result<u64, String> {
+    let count = || -> anyhow::Result<u64> {
+        let tx = db.begin_read()?;
+        let mut used = 0;
+        for h in tx.list_tables()? {
+            if let Some(name) = h.name().strip_prefix("ino/") {
+                used += reserved_by(&tx.open_table(Tables::of(name).ino())?)?;
+            }
+        }
+        Ok(used)
+    };
+    count().map_err(|e| format!("cannot count the space of the namespace's inodes: {e}"))
+}
 
 /// The bytes the inodes of one vNode's table reserve.
 fn reserved_by<T: ReadableTable<u64, &'static [u8]>>(t: &T) -> anyhow::Result<u64> {
@@ -58,6 +73,8 @@ impl Store {
         let s = Store {
             db: RwLock::new(Some(db)),
             poisoned: AtomicBool::new(false),
+            reopened_at: Mutex::new(None),
+            reopens: AtomicU64::new(0),
             inos: Mutex::new((0, 0)),
             unsynced: AtomicBool::new(false),
             dir: dir.to_path_buf(),
@@ -130,29 +147,9 @@ impl Store {
         Ok(())
     }
 
-    /// Counts again the space the inodes reserve, after the namespace was opened again and
-    /// rolled back to its last durable commit.
-    pub(super) fn recount(&self) {
-        let counted = self.noting(|db| {
-            let tx = db.begin_read().map_err(internal)?;
-            let names: Vec<String> = tx
-                .list_tables()
-                .map_err(internal)?
-                .map(|h| h.name().to_string())
-                .collect();
-            let mut used = 0;
-            for name in names.iter().filter_map(|n| n.strip_prefix("ino/")) {
-                let t = tx.open_table(Tables::of(name).ino()).map_err(internal)?;
-                used += reserved_by(&t).map_err(|e| {
-                    tracing::error!(error = %e, "cannot count the space of the namespace's inodes");
-                    libc::EIO
-                })?;
-            }
-            Ok(used)
-        });
-        if let Ok(used) = counted {
-            *self.used.lock().unwrap() = used;
-        }
+    /// Times the namespace was opened again after an I/O error.
+    pub fn reopens(&self) -> u64 {
+        self.reopens.load(Ordering::Relaxed)
     }
 
     /// A fresh inode number; call outside any write transaction (it may commit one itself).
@@ -292,6 +289,9 @@ mod full_disk {
             failed.iter().all(|e| [libc::ENOSPC, libc::EIO].contains(e)),
             "{failed:?}"
         );
+        // The database met the full disk (redb then refuses every call until it is opened
+        // again) and was opened again.
+        assert!(s.reopens() >= 1, "opened again");
         std::fs::remove_file(disk.0.path().join("ballast")).unwrap();
         let c = s.create(v, "/c", FileKind::File, 0o644, 0, 0, true, None).unwrap();
         assert_eq!(s.lookup(v, "/c").unwrap().ino, c.ino);

@@ -83,10 +83,17 @@ impl Disks {
             .ok_or_else(|| anyhow::anyhow!("{target} has no disk of the chaos run's own"))
     }
 
-    /// Fills `target`'s disk to the last byte; returns the bytes it took.
+    /// Fills `target`'s disk to the last byte; returns the bytes it took. A fill that fails
+    /// frees what it took.
     pub(super) fn fill(&self, target: &str) -> anyhow::Result<u64> {
         let path = self.mount(target)?.join(BALLAST);
-        let mut f = std::fs::File::create(&path)?;
+        self.fill_at(&path).inspect_err(|_| {
+            let _ = std::fs::remove_file(&path);
+        })
+    }
+
+    fn fill_at(&self, path: &Path) -> anyhow::Result<u64> {
+        let mut f = std::fs::File::create(path)?;
         // SAFETY: statvfs writes only into `st`, a plain struct it fully initializes on success.
         let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
         // SAFETY: the descriptor is `f`'s, open for the call; `st` outlives it.
@@ -110,7 +117,7 @@ impl Disks {
         }
         // What a page or a byte less than a chunk leaves.
         while f.write(&chunk[..1]).is_ok_and(|n| n == 1) {}
-        Ok(std::fs::metadata(&path)?.len())
+        Ok(std::fs::metadata(path)?.len())
     }
 
     /// Gives `target`'s disk its room back.

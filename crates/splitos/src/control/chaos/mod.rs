@@ -351,7 +351,9 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
         only: args.faults.clone(),
     };
     if cfg.ncomponent.iter().any(|n| n.netns.is_some()) || cfg.managers().iter().any(|m| m.netns.is_some()) {
-        anyhow::bail!("splitos chaos runs clusters of this host's loopback alone: the configuration has network namespaces");
+        anyhow::bail!(
+            "splitos chaos runs clusters of this host's loopback alone: the configuration has network namespaces"
+        );
     }
     // The network workload's server is on the host's loopback.
     if cfg.ncomponent.iter().any(|n| n.loopback != Loopback::Host) {
@@ -416,7 +418,10 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
     // its admin's credentials and transport; set before any thread that reads the
     // environment starts (the network workload's server reads none).
     std::env::set_var("SPLITOS_STATE_DIR", tmp.path().join("state"));
-    let (disks, config) = disks::Disks::make(&config, &targets.disks, tmp.path())?;
+    // Disks are made only for a schedule that fills one: the others run as configured.
+    let fills = schedule.iter().any(|f| f.kind == Kind::FullDisk);
+    let planned = if fills { &targets.disks[..] } else { &[] };
+    let (disks, config) = disks::Disks::make(&config, planned, tmp.path())?;
     let mut rig = Rig {
         exe: std::env::current_exe()?,
         gm: None,

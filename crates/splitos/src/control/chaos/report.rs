@@ -32,9 +32,9 @@ pub(super) struct Report {
 /// The fault that explains a failed run, if any: one beyond the configuration's tolerance
 /// (a pComponent killed, or stopped until the managers gave it up; with one manager, the
 /// manager killed; an mComponent lost without a copy elsewhere; an sComponent killed or its
-/// disk full) while
-/// the run went on, which its error (the last line of its stderr) names. A change an
-/// operator makes (a drain, a resize, a policy) explains nothing.
+/// disk full; an nComponent killed) while the run went on, which its error (the last line of
+/// its stderr) names. A change an operator makes (a drain, a resize, a policy) explains
+/// nothing.
 fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
     // A run that started as a fault healed may have met it on its way in.
     let grace = 2_000;
@@ -49,10 +49,18 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
         // A file call the sComponent could not serve fails with EIO.
         Kind::KillStorage | Kind::StopStorage => e.contains("sComponent") || e.contains("Input/output error"),
         Kind::FullDisk => e.contains("No space left on device"),
-        // A connection the nComponent carried ends with it.
-        Kind::KillNet | Kind::StopNet => ["Network is down", "Connection reset", "Broken pipe", "nComponent"]
-            .iter()
-            .any(|m| e.contains(m)),
+        // A connection the nComponent carried ends with it: ENETDOWN, a reset, or an end of
+        // file where more was due (Python's `IncompleteRead`, `RemoteDisconnected`).
+        Kind::KillNet | Kind::StopNet => [
+            "Network is down",
+            "Connection reset",
+            "Broken pipe",
+            "IncompleteRead",
+            "RemoteDisconnected",
+            "nComponent",
+        ]
+        .iter()
+        .any(|m| e.contains(m)),
         // Never beyond the tolerance (below): nothing to name.
         _ => false,
     };
