@@ -49,14 +49,15 @@ pub struct ChaosArgs {
     pub config: Option<PathBuf>,
     /// A workload: a shell command (`sh -c CMD`) run again and again on the cluster, its
     /// output and exit status compared with a native run of it. Repeatable; adds to the
-    /// default workloads (CPython's heap, a pipeline of C programs, threads, a file, memcached).
+    /// default workloads (CPython's heap, a pipeline of C programs, threads, a file, memcached,
+    /// and with nComponents an HTTP fetch through them).
     #[arg(long = "workload", value_name = "CMD")]
     pub workloads: Vec<String>,
     /// Run only the --workload commands, not the default ones.
     #[arg(long)]
     pub only_workloads: bool,
     /// Leave out a default workload, by name: cpython-heap, c-pipeline, cpython-threads,
-    /// files, memcached. Repeatable.
+    /// files, memcached, and network (with nComponents). Repeatable.
     #[arg(long, value_name = "NAME")]
     pub without: Vec<String>,
     /// Draw only these kinds of fault (comma-separated, e.g. `kill-mem,stop-storage`); by
