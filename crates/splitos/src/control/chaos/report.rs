@@ -48,7 +48,15 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
         Kind::KillMem | Kind::StopMem | Kind::PauseMem => e.contains("mComponent") || file_lost,
         // A file call the sComponent could not serve fails with EIO.
         Kind::KillStorage | Kind::StopStorage => e.contains("sComponent") || e.contains("Input/output error"),
-        Kind::FullDisk => e.contains("No space left on device"),
+        // A full disk can also roll the sComponent's namespace back to its last durable
+        // commit (docs/storage.md): names made or removed since then are so again.
+        Kind::FullDisk => [
+            "No space left on device",
+            "No such file or directory",
+            "Directory not empty",
+        ]
+        .iter()
+        .any(|m| e.contains(m)),
         // A connection the nComponent carried ends with it: ENETDOWN, a reset, or an end of
         // file where more was due (Python's `IncompleteRead`, `RemoteDisconnected`).
         Kind::KillNet | Kind::StopNet => [
