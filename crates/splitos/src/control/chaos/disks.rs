@@ -2,7 +2,6 @@
 //! each sComponent its configuration gives no directory, so that `full-disk` can fill it.
 //! Only a disk made here is ever filled, never one of the host's.
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::config::ClusterConfig;
@@ -87,43 +86,33 @@ impl Disks {
     /// frees what it took.
     pub(super) fn fill(&self, target: &str) -> anyhow::Result<u64> {
         let path = self.mount(target)?.join(BALLAST);
-        self.fill_at(&path).inspect_err(|_| {
+        fill_at(&path).inspect_err(|_| {
             let _ = std::fs::remove_file(&path);
         })
-    }
-
-    fn fill_at(&self, path: &Path) -> anyhow::Result<u64> {
-        let mut f = std::fs::File::create(path)?;
-        // SAFETY: statvfs writes only into `st`, a plain struct it fully initializes on success.
-        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-        // SAFETY: the descriptor is `f`'s, open for the call; `st` outlives it.
-        if unsafe { libc::fstatvfs(f.as_raw_fd(), &mut st) } == 0 {
-            let free = st.f_bavail as i64 * st.f_frsize as i64;
-            // SAFETY: plain integers on `f`'s open descriptor. A failure leaves the writes
-            // below to fill what it did not.
-            unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, free) };
-        }
-        // Past what was allocated, what allocating did not take (all of it, where the file
-        // system cannot allocate).
-        std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0))?;
-        let chunk = vec![0u8; 64 << 10];
-        loop {
-            match f.write(&chunk) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        // What a page or a byte less than a chunk leaves.
-        while f.write(&chunk[..1]).is_ok_and(|n| n == 1) {}
-        Ok(std::fs::metadata(path)?.len())
     }
 
     /// Gives `target`'s disk its room back.
     pub(super) fn empty(&self, target: &str) -> anyhow::Result<()> {
         Ok(std::fs::remove_file(self.mount(target)?.join(BALLAST))?)
     }
+}
+
+/// Writes file `path` until its file system has no byte left.
+fn fill_at(path: &Path) -> anyhow::Result<u64> {
+    let mut f = std::fs::File::create(path)?;
+    let chunk = vec![0u8; 64 << 10];
+    // Chunks while they fit, then single bytes for what less than a chunk leaves.
+    for len in [chunk.len(), 1] {
+        loop {
+            match f.write(&chunk[..len]) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(std::fs::metadata(path)?.len())
 }
 
 impl Drop for Disks {
