@@ -124,6 +124,14 @@ fn unreached(e: &ureq::Error) -> bool {
     }
 }
 
+/// Whether `e` says the manager took the request and closed the connection before answering:
+/// one that died or lost its lease meanwhile. A request that reads only may be sent to the
+/// next leader; one that changes something may have been carried out, and is not.
+fn cut_short(e: &ureq::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(e, ureq::Error::Io(e) if matches!(e.kind(), UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe))
+}
+
 /// Why the API address `api` on loopback must not be sent a token: its listener belongs to a
 /// user that is neither root (the managers' user) nor this tool's, who may have bound the port
 /// a dead manager left. Beyond loopback TLS proves the server instead; None when nothing
@@ -151,9 +159,12 @@ fn from_follower(r: &ureq::http::Response<ureq::Body>) -> bool {
 /// leader answers. A follower names the leader (`421`), which is asked next; while none is
 /// elected (`503`) the managers are asked again, for up to [`FIND_LEADER`]; when no manager
 /// answers at all it is an error at once. Only a request that surely was not carried out is sent again: one refused
-/// by a follower, or that reached no server. Returns the address that answered, and its answer.
+/// by a follower, or that reached no server; and one that only reads (`reads_only`) also when
+/// the manager it reached closed the connection before answering. Returns the address that
+/// answered, and its answer.
 pub(crate) fn send(
     apis: &str,
+    reads_only: bool,
     make: impl Fn(&str, &ureq::Agent) -> Result<ureq::http::Response<ureq::Body>, ureq::Error>,
 ) -> Result<(String, ureq::http::Response<ureq::Body>), SendError> {
     let all: Vec<String> = apis
@@ -188,6 +199,13 @@ pub(crate) fn send(
             }
             match make(&base, &agent) {
                 Err(e) if unreached(&e) => last = format!("{api}: {e}"),
+                Err(e) if reads_only && cut_short(&e) => {
+                    // It was there a moment ago: a leader follows soon, and the next pass
+                    // asks every manager again.
+                    heard = true;
+                    last = format!("{api}: {e}");
+                    LEADER.lock().unwrap().take();
+                }
                 Err(error) => return Err(SendError::Failed { api, error }),
                 Ok(r) if !r.headers().contains_key(splitos_gm::api::MANAGER_HEADER) => {
                     last = format!(
@@ -223,7 +241,7 @@ pub(crate) fn send(
 
 /// One GET of the REST API; an error carries the API's own message.
 pub(crate) fn api_get(api: &str, token: &str, path: &str) -> anyhow::Result<serde_json::Value> {
-    let (at, r) = send(api, |base, agent| {
+    let (at, r) = send(api, true, |base, agent| {
         agent
             .get(format!("{base}{path}"))
             .header("Authorization", format!("Bearer {token}"))
@@ -234,7 +252,7 @@ pub(crate) fn api_get(api: &str, token: &str, path: &str) -> anyhow::Result<serd
 
 /// One POST without a body.
 pub(crate) fn api_post(api: &str, token: &str, path: &str) -> anyhow::Result<serde_json::Value> {
-    let (at, r) = send(api, |base, agent| {
+    let (at, r) = send(api, false, |base, agent| {
         agent
             .post(format!("{base}{path}"))
             .header("Authorization", format!("Bearer {token}"))
@@ -251,7 +269,7 @@ pub(crate) fn api_put(
     body: &serde_json::Value,
     timeout: std::time::Duration,
 ) -> anyhow::Result<serde_json::Value> {
-    let (at, r) = send(api, |base, agent| {
+    let (at, r) = send(api, false, |base, agent| {
         agent
             .put(format!("{base}{path}"))
             .config()
@@ -406,7 +424,7 @@ pub fn ps(a: ApiArgs, json: bool) -> anyhow::Result<()> {
 /// `splitos cluster join-token`: prints a join token for `role`, lasting `ttl_s`.
 pub fn join_token(a: ApiArgs, role: &str, ttl_s: u64) -> anyhow::Result<()> {
     let (apis, token) = api_access(a)?;
-    let (api, r) = send(&apis, |base, agent| {
+    let (api, r) = send(&apis, false, |base, agent| {
         agent
             .post(format!("{base}/api/v1/join-tokens"))
             .header("Authorization", format!("Bearer {token}"))
@@ -545,5 +563,58 @@ mod tests {
         assert_eq!(api_url("127.0.0.1:8080"), "http://127.0.0.1:8080");
         assert_eq!(api_url("[::1]:8080"), "http://[::1]:8080");
         assert_eq!(api_url("10.0.0.1:8443"), "https://10.0.0.1:8443");
+    }
+
+    /// A manager on loopback that serves `n` requests: it reads each and then either closes
+    /// the connection unanswered (one losing its lease mid-request) or answers as a leader,
+    /// counting the requests it saw.
+    fn manager(answers: bool) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{BufRead, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = seen.clone();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let mut c = std::io::BufReader::new(c.unwrap());
+                let mut line = String::new();
+                while c.read_line(&mut line).unwrap_or(0) > 2 {
+                    line.clear();
+                }
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if answers {
+                    let body = r#"{"ok":true}"#;
+                    let _ = write!(
+                        c.get_mut(),
+                        "HTTP/1.1 200 OK\r\n{}: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        splitos_gm::api::MANAGER_HEADER,
+                        body.len()
+                    );
+                }
+            }
+        });
+        (addr, seen)
+    }
+
+    #[test]
+    fn a_read_cut_short_by_a_manager_stepping_down_goes_to_the_next_and_a_change_does_not() {
+        let (dying, cut) = manager(false);
+        let (leader, served) = manager(true);
+        let both = format!("{dying},{leader}");
+        LEADER.lock().unwrap().replace(dying.clone());
+        let r = api_get(&both, "t", "/api/v1/processes").unwrap();
+        assert_eq!(r["ok"], true);
+        assert_eq!(cut.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        LEADER.lock().unwrap().replace(dying.clone());
+        let e = api_post(&both, "t", "/api/v1/memory/rebalance").unwrap_err();
+        assert!(format!("{e:#}").contains(&dying), "{e:#}");
+        assert_eq!(cut.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(
+            served.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "a change is sent once"
+        );
     }
 }
