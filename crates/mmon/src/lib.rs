@@ -515,6 +515,7 @@ impl<P: Peers> Handler for Mem<P> {
                 | Msg::P2M_PROC_CREATE(_)
                 | Msg::P2M_FORK(_)
                 | Msg::P2M_EXIT(_)
+                | Msg::P2M_CREATE_UNDO(_)
         )
     }
 
@@ -589,6 +590,7 @@ impl<P: Peers> Mem<P> {
             Msg::P2M_DONTNEED(r) => on(r, |r| self.dontneed(r)),
             Msg::P2M_FORK(r) => on(r, |r| self.home_fork(r)),
             Msg::P2M_EXIT(r) => on(r, |r| self.home_exit(r)),
+            Msg::P2M_CREATE_UNDO(r) => on(r, |r| self.create_undo(r)),
             Msg::P2M_VREGIONS(r) => on(r, |r| self.vregions(r)),
             Msg::P2M_REPLICA_LOST(r) => on(r, |r| self.replica_lost(r)),
             Msg::P2M_OWNER_FULL(r) => on(r, |r| self.owner_full(r)),

@@ -14,6 +14,9 @@ splitos_metrics::series! {
     /// Creations refused because their pComponent had said the process ended: it gave up
     /// waiting for this mComponent and made the process elsewhere.
     pub CREATIONS_AFTER_END: Counter = "mcomp_creations_after_end_total";
+    /// Creations their pComponent gave up (`P2M_CREATE_UNDO`): this mComponent did not answer
+    /// in time, and the process is made elsewhere or by a creation sent again.
+    pub CREATIONS_UNDONE: Counter = "mcomp_creations_undone_total";
     /// Copies of a home's state refused because that home was declared lost (it went on
     /// before hearing so).
     pub STALE_HOME_SYNCS: Counter = "mcomp_stale_home_syncs_total";

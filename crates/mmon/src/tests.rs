@@ -485,6 +485,7 @@ impl Rig {
                 region_size: REGION,
                 pcomp: 7,
                 memory_quota: None,
+                attempt: 0,
             },
         )
         .expect("create a process");

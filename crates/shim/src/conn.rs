@@ -245,6 +245,9 @@ pub(crate) unsafe fn hello(uffd: c_int, memfd: c_int, fork_token: u64) {
     if resp.ret == -(libc::EAGAIN as i64) {
         die(&[b"the pComponent refused this process: too many of this user's programs run there"]);
     }
+    if resp.ret == -(libc::EPERM as i64) {
+        die(&[b"the pComponent could not admit this process: the mComponent picked as its home refused it (the pComponent's log says why)"]);
+    }
     if resp.ret < 0 {
         let mut b = [0u8; 20];
         die(&[

@@ -109,6 +109,9 @@ pub(super) struct HomeProc {
     memory_quota: Option<u64>,
     /// What it is charged against that quota: the bytes it maps writable.
     charged: u64,
+    /// The creation that made it, as its pComponent numbers them (`P2M_PROC_CREATE.attempt`):
+    /// the undo of that creation or a later one ends it, of an earlier one (late) does not.
+    attempt: u32,
 }
 
 impl HomeProc {
@@ -187,6 +190,7 @@ impl HomeProc {
             vregions: self.owners(),
             retired: self.retired.clone(),
             memory_quota: self.memory_quota,
+            attempt: self.attempt,
         }
     }
 
@@ -234,6 +238,7 @@ impl HomeProc {
             adopted_from: None,
             memory_quota: s.memory_quota,
             charged: 0,
+            attempt: s.attempt,
         }
     }
 

@@ -17,24 +17,29 @@ use splitos_core::vma::{Vma, VmaMap};
 /// again during one pause of this mComponent.
 const ENDED_KEPT: usize = 4096;
 
-/// Processes said to have ended that were not (yet) made here, by their pComponent's key: a
-/// creation that comes after is late, and refused. The last [`ENDED_KEPT`] of each pComponent,
-/// so that one ending many (made-up) processes pushes out none of another's. (Keys come from
-/// credentials the cluster's authority issued: there are as many as its pComponents.)
+/// Processes that ended, or whose creation was given up, by their pComponent's key, each with
+/// the last of its creations that is over (`P2M_PROC_CREATE.attempt`): a creation up to that one
+/// that comes after is late, and refused; a later one was sent after, and is made. The last
+/// [`ENDED_KEPT`] of each pComponent, so that one ending many (made-up) processes pushes out
+/// none of another's. (Keys come from credentials the cluster's authority issued: there are as
+/// many as its pComponents.)
 #[derive(Default)]
-pub(crate) struct Ended(std::collections::HashMap<Option<[u8; 32]>, std::collections::VecDeque<u64>>);
+pub(crate) struct Ended(std::collections::HashMap<Option<[u8; 32]>, std::collections::VecDeque<(u64, u32)>>);
 
 impl Ended {
-    fn remember(&mut self, creator: Option<[u8; 32]>, pid: u64) {
+    fn remember(&mut self, creator: Option<[u8; 32]>, pid: u64, upto: u32) {
         let pids = self.0.entry(creator).or_default();
         if pids.len() == ENDED_KEPT {
             pids.pop_front();
         }
-        pids.push_back(pid);
+        pids.push_back((pid, upto));
     }
 
-    fn contains(&self, creator: Option<[u8; 32]>, pid: u64) -> bool {
-        self.0.get(&creator).is_some_and(|pids| pids.contains(&pid))
+    /// Whether creation `attempt` of `pid` is over: late, and refused.
+    fn refuses(&self, creator: Option<[u8; 32]>, pid: u64, attempt: u32) -> bool {
+        self.0
+            .get(&creator)
+            .is_some_and(|pids| pids.iter().any(|&(p, upto)| p == pid && attempt <= upto))
     }
 }
 
@@ -76,6 +81,7 @@ impl<P: Peers> Mem<P> {
             adopted_from: None,
             memory_quota: r.memory_quota,
             charged: 0,
+            attempt: r.attempt,
         }));
         // Held until the home is whole: a creation sent again, and the process's first
         // calls, wait for it.
@@ -83,7 +89,7 @@ impl<P: Peers> Mem<P> {
         let earlier = {
             // Both held, in this order, as an end of the process not made here records it.
             let ended = self.ended.lock().unwrap();
-            if ended.contains(creator, pid) {
+            if ended.refuses(creator, pid, r.attempt) {
                 crate::series::CREATIONS_AFTER_END.increment(1);
                 return Err(HomeError::EndedBeforeCreated { pid }.into());
             }
@@ -458,6 +464,7 @@ impl<P: Peers> Mem<P> {
             adopted_from: None,
             memory_quota: h.memory_quota,
             charged: h.charged,
+            attempt: 0,
         };
         self.sync_backup(&mut copy);
         let forked = copy.forked();
@@ -498,7 +505,7 @@ impl<P: Peers> Mem<P> {
         let mut h = lock_home(&hp)?;
         h.exited = true;
         // A repeat of its creation still on its way (answer lost, home paused) is late.
-        self.remember_ended(h.creator, r.who.pid);
+        self.remember_ended(h.creator, r.who.pid, h.attempt);
         self.quotas.settle(&h.who.vnode, 0, h.charged, 0);
         h.charged = 0;
         let owners = h.all_owners();
@@ -563,14 +570,43 @@ impl<P: Peers> Mem<P> {
         if self.homes.lock().unwrap().contains_key(&pid) {
             return false;
         }
-        ended.remember(creator, pid);
+        // Not made here: any creation of it is late.
+        ended.remember(creator, pid, u32::MAX);
         true
     }
 
-    /// Process `pid` of the pComponent with key `creator` ended: a creation of it that comes
-    /// later is refused.
-    fn remember_ended(&self, creator: Option<[u8; 32]>, pid: u64) {
-        self.ended.lock().unwrap().remember(creator, pid);
+    /// Creations of process `pid` of the pComponent with key `creator` up to `upto` are over:
+    /// one that comes later is refused.
+    fn remember_ended(&self, creator: Option<[u8; 32]>, pid: u64, upto: u32) {
+        self.ended.lock().unwrap().remember(creator, pid, upto);
+    }
+
+    /// A creation its pComponent gave up (this home did not answer in time): the home it made,
+    /// if no later creation made it, ends as at an exit; if it is still on its way it will be
+    /// refused; a creation sent after (the managers picked this home again) is made.
+    pub(crate) fn create_undo(&self, r: P2M_CREATE_UNDO) -> Result<OK, Refusal> {
+        let creator = splitos_rpc::current_peer().map(|p| p.key);
+        let pid = r.who.pid;
+        let made = {
+            // Both held, as a creation checks and makes it.
+            let mut ended = self.ended.lock().unwrap();
+            let made = self.homes.lock().unwrap().get(&pid).cloned();
+            if made.is_none() {
+                ended.remember(creator, pid, r.attempt);
+            }
+            made
+        };
+        crate::series::CREATIONS_UNDONE.increment(1);
+        let Some(hp) = made else {
+            return Ok(OK);
+        };
+        if lock_home(&hp)?.attempt > r.attempt {
+            // Made by a later creation: this undo is late.
+            return Ok(OK);
+        }
+        self.home_exit(P2M_EXIT { who: r.who.clone() })?;
+        self.remember_ended(creator, pid, r.attempt);
+        Ok(OK)
     }
 
     /// Releases, as their exit would, the processes created by pComponents the global
@@ -624,14 +660,14 @@ mod tests {
     fn one_pcomponent_ending_many_processes_pushes_out_none_of_anothers() {
         let (a, b) = (Some([1; 32]), Some([2; 32]));
         let mut ended = Ended::default();
-        ended.remember(b, 7);
+        ended.remember(b, 7, 0);
         for pid in 0..2 * ENDED_KEPT as u64 {
-            ended.remember(a, 1000 + pid);
+            ended.remember(a, 1000 + pid, 0);
         }
-        assert!(ended.contains(b, 7), "another pComponent's end is still remembered");
-        assert!(!ended.contains(a, 7), "and only for it");
-        assert!(!ended.contains(a, 1000), "a pComponent's own oldest go");
-        assert!(ended.contains(a, 1000 + 2 * ENDED_KEPT as u64 - 1));
+        assert!(ended.refuses(b, 7, 0), "another pComponent's end is still remembered");
+        assert!(!ended.refuses(a, 7, 0), "and only for it");
+        assert!(!ended.refuses(a, 1000, 0), "a pComponent's own oldest go");
+        assert!(ended.refuses(a, 1000 + 2 * ENDED_KEPT as u64 - 1, 0));
         assert_eq!(ended.0[&a].len(), ENDED_KEPT);
     }
 }

@@ -217,21 +217,74 @@ fn a_home_exit_frees_the_process_on_every_member_and_the_backup() {
     );
 }
 
+/// Creation `attempt` of process `pid` at [`HOME`], from the pComponent with id `pcomp`.
+fn create_at(rig: &Rig, pid: u64, pcomp: u32, attempt: u32) -> Result<M2P_HOME, Refusal> {
+    rig.call(
+        HOME,
+        P2M_PROC_CREATE {
+            who: Who::new("v", pid),
+            region_base: BASE,
+            region_size: REGION,
+            pcomp,
+            memory_quota: None,
+            attempt,
+        },
+    )
+}
+
+#[test]
+fn a_creation_given_up_and_sent_again_to_the_same_home_is_made_and_a_late_undo_ends_nothing() {
+    let rig = Rig::new(4, Replication::Replica);
+    let undo = |pid: u64, attempt: u32| {
+        rig.call(
+            HOME,
+            P2M_CREATE_UNDO {
+                who: Who::new("v", pid),
+                attempt,
+            },
+        )
+        .expect("an undo is answered")
+    };
+    let made = |pid: u64| rig.mem(HOME).homes.lock().unwrap().contains_key(&pid);
+    // The home was paused: the pComponent gave creation 0 up and undid it, and the managers
+    // picked the same home again. Creation 1 is made; creation 0, come late, is not.
+    undo(1, 0);
+    create_at(&rig, 1, 7, 1).expect("a creation sent after the undo is made");
+    assert!(made(1));
+    assert_eq!(create_at(&rig, 1, 7, 0).expect_err("late").code, ErrCode::Denied);
+    assert!(made(1), "a late creation ends nothing");
+
+    // Creation 0 was made but its answer lost: its undo ends it, and creation 1 is made.
+    create_at(&rig, 2, 7, 0).expect("made");
+    undo(2, 0);
+    assert!(!made(2), "the undo ended what creation 0 made");
+    create_at(&rig, 2, 7, 1).expect("a creation sent after the undo is made");
+    assert!(made(2));
+
+    // An undo of creation 0 that comes after creation 1 made the process (the undo's thread
+    // retries until the home answers) ends nothing.
+    create_at(&rig, 3, 7, 1).expect("made");
+    undo(3, 0);
+    assert!(made(3), "a late undo ends nothing");
+    let who = rig.create(4);
+    rig.mmap(HOME, &who, 4096).expect("the home serves");
+
+    for pid in [1, 2, 3, 4] {
+        rig.call(
+            HOME,
+            P2M_EXIT {
+                who: Who::new("v", pid),
+            },
+        )
+        .expect("exit");
+    }
+    assert_eq!(rig.stats(HOME)["used"], 0);
+}
+
 #[test]
 fn a_creation_sent_again_gets_the_first_answer_and_one_after_the_end_is_refused() {
     let rig = Rig::new(4, Replication::Replica);
-    let create = |pid: u64, pcomp: u32| {
-        rig.call(
-            HOME,
-            P2M_PROC_CREATE {
-                who: Who::new("v", pid),
-                region_base: BASE,
-                region_size: REGION,
-                pcomp,
-                memory_quota: None,
-            },
-        )
-    };
+    let create = |pid: u64, pcomp: u32| create_at(&rig, pid, pcomp, 0);
     // The first answer was lost: the pComponent asks again, and the same home answers.
     let first = create(1, 7).expect("create");
     let again = create(1, 7).expect("the same creation again");
@@ -241,17 +294,28 @@ fn a_creation_sent_again_gets_the_first_answer_and_one_after_the_end_is_refused(
     // Another pComponent may not take the process over by creating its id.
     assert_eq!(create(1, 8).expect_err("in use").code, ErrCode::Denied);
 
-    // The pComponent gave up on a home that did not answer and said the process ended
-    // there; the creation it had sent comes afterwards, and is refused.
+    // The pComponent gave up on a home that did not answer and undid the creation there; the
+    // creation it had sent comes afterwards, and is refused.
     let who = Who::new("v", 2);
+    rig.call(
+        HOME,
+        P2M_CREATE_UNDO {
+            who: who.clone(),
+            attempt: 0,
+        },
+    )
+    .expect("undone");
+    assert_eq!(create(2, 7).expect_err("undone first").code, ErrCode::Denied);
+    assert!(!rig.mem(HOME).homes.lock().unwrap().contains_key(&2));
+    // An end said of a process never made here refuses every creation of it.
+    let who = Who::new("v", 6);
     assert_eq!(
         rig.call(HOME, P2M_EXIT { who: who.clone() })
             .expect_err("not made")
             .code,
         ErrCode::NotHome
     );
-    assert_eq!(create(2, 7).expect_err("ended first").code, ErrCode::Denied);
-    assert!(!rig.mem(HOME).homes.lock().unwrap().contains_key(&2));
+    assert_eq!(create_at(&rig, 6, 7, 3).expect_err("ended first").code, ErrCode::Denied);
     // Made, ended, and then a repeat of its creation comes (held through a pause): refused.
     create(5, 7).expect("create");
     rig.call(HOME, P2M_EXIT { who: Who::new("v", 5) }).expect("exit");

@@ -196,17 +196,46 @@ impl Sim {
         self.maybe_lose("P2M_PROC_CREATE");
         // The managers' pick: a member neither lost nor down.
         let home = (1..=MEMBERS).find(|id| !self.lost.contains(id)).expect("a member left");
-        let created = self
-            .call_again(
+        let creation = |attempt| P2M_PROC_CREATE {
+            who: Sim::who(pid),
+            region_base: BASE,
+            region_size: REGION,
+            pcomp: 7,
+            memory_quota: None,
+            attempt,
+        };
+        // The pComponent gave the first creation up (the home did not answer in time) and
+        // undid it, and the managers picked the same home again: the first, made or still on
+        // its way, must not make a second home or end the one the second made.
+        let attempt = if self.rng.random_ratio(1, 8) {
+            let (made_first, late_first) = (self.rng.random_bool(0.5), self.rng.random_bool(0.5));
+            self.note(
+                "creations given up",
+                format!("  creation 0 of {pid} given up (made first: {made_first}, come late: {late_first})"),
+            );
+            if made_first {
+                let _ = self.rig.call(home, creation(0));
+            }
+            self.call_again(
                 home,
-                &P2M_PROC_CREATE {
+                &P2M_CREATE_UNDO {
                     who: Sim::who(pid),
-                    region_base: BASE,
-                    region_size: REGION,
-                    pcomp: 7,
-                    memory_quota: None,
+                    attempt: 0,
                 },
             )
+            .map_err(|e| format!("undo creation 0 of {pid} at {home}: {e}"))?;
+            if late_first {
+                match self.call_again(home, &creation(0)) {
+                    Err(e) if e.code == ErrCode::Denied => {}
+                    r => return Err(format!("creation 0 of {pid}, come after its undo, answered {r:?}")),
+                }
+            }
+            1
+        } else {
+            0
+        };
+        let created = self
+            .call_again(home, &creation(attempt))
             .map_err(|e| format!("create {pid} at {home}: {e}"))?;
         let w = Written {
             home,
@@ -550,6 +579,7 @@ fn seeded_faults_never_lose_an_acknowledged_write_nor_leave_two_homes_or_a_leak(
             "takeovers asked",
             "moves told",
             "stale requests",
+            "creations given up",
         ] {
             let n = tally.get(kind).copied().unwrap_or(0);
             assert!(n >= seeds / 10, "{kind}: {n} in {seeds} seeds: {tally:?}");

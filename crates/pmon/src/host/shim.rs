@@ -5,12 +5,14 @@
 mod ending;
 mod home;
 mod requests;
+mod slots;
+
+pub(crate) use slots::{take_slot, SharedSlots, Slot, Slots};
 
 pub(crate) use ending::Ending;
 pub(crate) use requests::{HomeRefusals, Posted};
 
-use std::collections::{BTreeSet, HashMap};
-use std::hash::Hash;
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -118,94 +120,9 @@ pub fn serve(p: Arc<Pcomp>, l: UnixListener) -> anyhow::Result<()> {
 
 /// How long a connection may take to say hello after its welcome.
 const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-/// Connections of one user that may wait for their hello at once, and of all users: each
-/// holds a thread. A shim says hello within microseconds of its welcome, so only a burst of
-/// forks comes near.
-const WAITING_PER_USER: usize = 256;
-const WAITING_TOTAL: usize = 1024;
-/// Runs of one user that may be under way at once, and of all users: each launcher holds a
-/// thread and the run's counters.
-const RUNS_PER_USER: usize = 64;
-const RUNS_TOTAL: usize = 1024;
 /// Forked children of one process that may wait for their hello at once (each holds a copy
 /// of the address space at the home).
 const PENDING_PER_PARENT: usize = 256;
-
-/// What users other than root hold of something the pComponent has a bounded number of: in
-/// all, and per share (a user's, or a vNode's for what a vNode's users hold together).
-pub(crate) struct Slots<K: Hash + Eq = u32> {
-    total: usize,
-    per_share: HashMap<K, usize>,
-    max_total: usize,
-    max_per_share: usize,
-}
-
-/// Slots shared with the threads that hold them.
-pub(crate) type SharedSlots<K = u32> = Arc<Mutex<Slots<K>>>;
-
-impl<K: Hash + Eq> Slots<K> {
-    pub(crate) fn new(max_total: usize, max_per_share: usize) -> SharedSlots<K> {
-        Arc::new(Mutex::new(Slots {
-            total: 0,
-            per_share: HashMap::new(),
-            max_total,
-            max_per_share,
-        }))
-    }
-
-    /// Slots held, by all users but root.
-    pub(crate) fn held(&self) -> usize {
-        self.total
-    }
-
-    /// Whether `uid` would be refused a slot of `share` now.
-    pub(crate) fn full_for(&self, uid: u32, share: &K) -> bool {
-        uid != 0
-            && (self.total >= self.max_total || self.per_share.get(share).copied().unwrap_or(0) >= self.max_per_share)
-    }
-}
-
-impl Slots {
-    pub(crate) fn waiting() -> SharedSlots {
-        Slots::new(WAITING_TOTAL, WAITING_PER_USER)
-    }
-
-    pub(crate) fn runs() -> SharedSlots {
-        Slots::new(RUNS_TOTAL, RUNS_PER_USER)
-    }
-}
-
-/// One slot, given back when dropped. Root's take none: root is never refused.
-pub(crate) struct Slot<K: Hash + Eq = u32>(Option<(SharedSlots<K>, K)>);
-
-impl<K: Hash + Eq> Drop for Slot<K> {
-    fn drop(&mut self) {
-        let Some((slots, share)) = self.0.take() else { return };
-        let mut w = slots.lock().unwrap();
-        w.total -= 1;
-        if let Some(n) = w.per_share.get_mut(&share) {
-            *n -= 1;
-            if *n == 0 {
-                w.per_share.remove(&share);
-            }
-        }
-    }
-}
-
-/// A slot of `share` for `uid`, if there is room.
-pub(crate) fn take_slot<K: Hash + Eq + Clone>(slots: &SharedSlots<K>, uid: u32, share: K) -> Option<Slot<K>> {
-    if uid == 0 {
-        return Some(Slot(None));
-    }
-    let mut w = slots.lock().unwrap();
-    if w.full_for(uid, &share) {
-        return None;
-    }
-    w.total += 1;
-    *w.per_share.entry(share.clone()).or_insert(0) += 1;
-    Some(Slot(Some((slots.clone(), share))))
-}
-
 /// How a program's process comes to be: a new one of the hello's vNode, with the program
 /// slot its hello took, or a forked child (the token its parent's fork gave it) of its
 /// parent's vNode, whose slot the fork took.
@@ -439,7 +356,12 @@ impl Pcomp {
             }
             Err(e) => {
                 self.refuse(&peer, &format!("cannot admit the program: {e}"));
-                let _ = reply(&mut s, -vm_errno(&e), 0, 0);
+                // EACCES tells the shim the vNode is not granted, which was checked above.
+                let errno = match vm_errno(&e) {
+                    n if n == libc::EACCES as i64 => libc::EPERM as i64,
+                    n => n,
+                };
+                let _ = reply(&mut s, -errno, 0, 0);
                 return;
             }
         };

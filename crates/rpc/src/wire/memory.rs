@@ -344,6 +344,8 @@ pub struct HomeState {
     pub retired: Vec<ComponentRef>,
     /// Its vNode's memory quota.
     pub memory_quota: Option<u64>,
+    /// The creation that made it (`P2M_PROC_CREATE.attempt`).
+    pub attempt: u32,
 }
 
 /// A virtual memory area as the pComponent needs it to rebuild protections (after fork).
@@ -360,8 +362,9 @@ pub const MAX_PROBE: u32 = 1 << 20;
 message_types! {
     // ---- pComponent -> home mComponent: virtual memory calls of a process
     /// `pcomp`: the sender's component id, which with its key names this start of it.
-    /// `memory_quota`: its vNode's, as GMM answered `P2G_PICK_HOME`.
-    P2M_PROC_CREATE { pub who: Who, pub region_base: u64, pub region_size: u64, pub pcomp: u32, pub memory_quota: Option<u64> };
+    /// `memory_quota`: its vNode's, as GMM answered `P2G_PICK_HOME`. `attempt`: how many
+    /// creations of this process the sender gave up before this one (`P2M_CREATE_UNDO`).
+    P2M_PROC_CREATE { pub who: Who, pub region_base: u64, pub region_size: u64, pub pcomp: u32, pub memory_quota: Option<u64>, pub attempt: u32 };
     /// `backup`: the mComponent that keeps a copy of the home's state of the process and
     /// takes over when the home is lost (replicated clusters).
     M2P_HOME { pub backup: Option<ComponentRef> };
@@ -375,6 +378,10 @@ message_types! {
     P2M_FORK { pub parent: Who, pub child: u64 };
     M2P_FORKED { pub vmas: Vec<VmaInfo>, pub owners: Vec<VregionReplicas>, pub epoch: u64, pub backup: Option<ComponentRef> };
     P2M_EXIT { pub who: Who };
+    /// The sender gave up creation `attempt` of a process (its home did not answer in time):
+    /// a home made by it or an earlier one ends, one still on its way is refused, and a later
+    /// creation is made as any other.
+    P2M_CREATE_UNDO { pub who: Who, pub attempt: u32 };
     /// The replica sets of all the process's active vRegions.
     P2M_VREGIONS { pub who: Who };
     M2P_VREGIONS { pub owners: Vec<VregionReplicas>, pub epoch: u64, pub backup: Option<ComponentRef> };

@@ -66,7 +66,10 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPOS");
 /// `X2G_HEARTBEAT.fenced_by` and `X2G_REGISTER.fenced_by`; and `X2G_REGISTER.start`.
 /// Version 29 added the heartbeat period the managers tell: `G2X_BEAT.beat_ms` and
 /// `G2X_REGISTERED.beat_ms`.
-pub const WIRE_VERSION: u16 = 29;
+/// Version 30 numbered a process's creations, `P2M_PROC_CREATE.attempt`, and undoes one given
+/// up with `P2M_CREATE_UNDO` (an exit had ended the process for good, so that a creation sent
+/// again to the same home was refused).
+pub const WIRE_VERSION: u16 = 30;
 /// Bound on a frame body. Large enough for a batch of 256 pages, small enough that a bogus
 /// length cannot make a receiver allocate much.
 pub const MAX_BODY: u32 = 2 << 20;
@@ -355,7 +358,7 @@ messages! {
     X2X_EBB_MESSAGE, X2X_EBB_ANSWER,
     // ---- pComponent -> home mComponent: virtual memory calls of a process, in memory.rs
     P2M_PROC_CREATE, M2P_HOME, P2M_MMAP, M2P_MAPPED, P2M_MUNMAP, P2M_MPROTECT, P2M_MREMAP,
-    P2M_DONTNEED, P2M_FORK, M2P_FORKED, P2M_EXIT, P2M_VREGIONS, M2P_VREGIONS, P2M_REPLICA_LOST,
+    P2M_DONTNEED, P2M_FORK, M2P_FORKED, P2M_EXIT, P2M_CREATE_UNDO, P2M_VREGIONS, M2P_VREGIONS, P2M_REPLICA_LOST,
     P2M_OWNER_FULL, P2M_HOME_TAKEOVER,
     // ---- pComponent -> vRegion owner: the ExCache data path, in memory.rs
     P2M_FETCH, M2P_PAGE, P2M_PROBE_LINK, M2P_PROBED, P2M_FLUSH, P2M_FLUSH_FETCH, P2M_FETCH_MANY, M2P_PAGES,
@@ -452,6 +455,7 @@ replies! {
     P2M_DONTNEED => OK,
     P2M_FORK => M2P_FORKED,
     P2M_EXIT => OK,
+    P2M_CREATE_UNDO => OK,
     P2M_VREGIONS => M2P_VREGIONS,
     P2M_REPLICA_LOST => M2P_VREGIONS,
     P2M_OWNER_FULL => M2P_VREGIONS,

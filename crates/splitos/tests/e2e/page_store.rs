@@ -61,6 +61,7 @@ fn the_rpc_page_store_serves_single_and_batched_pages_from_real_owners() {
                 region_size: 1 << 30,
                 pcomp: 0,
                 memory_quota: None,
+                attempt: 0,
             },
         )
         .unwrap();
@@ -179,6 +180,7 @@ fn one_sided_copies_reach_only_what_the_owner_holds_and_stop_when_it_changes_the
                 region_size: 1 << 30,
                 pcomp: 0,
                 memory_quota: None,
+                attempt: 0,
             },
         )
         .unwrap();

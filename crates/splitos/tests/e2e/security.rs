@@ -258,6 +258,7 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
                 region_size: 1 << 30,
                 pcomp: 0,
                 memory_quota: None,
+                attempt: 0,
             },
         )
         .unwrap();
@@ -268,6 +269,7 @@ fn nobody_who_merely_reaches_a_port_gets_in() {
             region_size: 1 << 30,
             pcomp: 0,
             memory_quota: None,
+            attempt: 0,
         }
         .into(),
         splitos_rpc::P2M_FORK {

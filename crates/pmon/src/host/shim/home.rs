@@ -1,7 +1,7 @@
 //! A new process's home: asked of the managers and made at the mComponent they name, with
 //! the waits that let a program start while a manager restarts or the home picked pauses.
 use super::*;
-use splitos_rpc::{ComponentRef, RpcError, M2P_HOME};
+use splitos_rpc::{ComponentRef, RpcError, M2P_HOME, P2M_CREATE_UNDO};
 use std::time::{Duration, Instant};
 
 use splitos_core::node::MANAGERS_BACK;
@@ -38,6 +38,9 @@ impl Pcomp {
         region_size: u64,
     ) -> Result<(G2P_HOME, M2P_HOME), RpcError> {
         let t0 = Instant::now();
+        // The creations given up so far: the next is numbered after them, so that a home
+        // picked again tells it from one of theirs come late.
+        let mut attempt = 0;
         loop {
             // A pick may be asked again whatever became of the last: it takes nothing, and a
             // manager killed during the call answers no more.
@@ -56,12 +59,14 @@ impl Pcomp {
                         region_size,
                         pcomp: self.node.id(),
                         memory_quota: home.memory_quota,
+                        attempt,
                     };
                     match self.create_at(&home.mcomp, create, t0) {
                         Creation::Made(c) => return Ok((home, c)),
                         Creation::NotDelivered(e) => e,
                         Creation::GivenUp(e) => {
-                            self.undo_creation(home.mcomp, who.clone());
+                            self.undo_creation(home.mcomp, who.clone(), attempt);
+                            attempt += 1;
                             e
                         }
                         Creation::Refused(e) => return Err(e),
@@ -109,32 +114,38 @@ impl Pcomp {
         }
     }
 
-    /// Tells `home`, which may have received the creation of `who` without answering, that
-    /// the process ended: made there later, it would be held by nobody. From a thread of its
-    /// own, until the home answers, is held lost and cannot be reached (what it held died
-    /// with it, or is dropped when it comes back fenced), or [`UNDO_FOR`] has passed.
-    fn undo_creation(&self, home: ComponentRef, who: Who) {
+    /// Tells `home`, which may have received creation `attempt` of `who` without answering,
+    /// that it was given up: made there later, the process would be held by nobody. From a
+    /// thread of its own, until the home answers, is held lost and cannot be reached (what it
+    /// held died with it, or is dropped when it comes back fenced), or [`UNDO_FOR`] has passed.
+    fn undo_creation(&self, home: ComponentRef, who: Who, attempt: u32) {
         crate::series::CREATIONS_GIVEN_UP.increment(1);
         tracing::warn!(
             pid = who.pid,
             mcomp = home.id,
-            "gave up the home picked for a new process; telling it the process ended"
+            "gave up the home picked for a new process; telling it the creation was given up"
         );
         let node = self.node.clone();
         let t0 = Instant::now();
         let undo = move || loop {
-            match node.rpc.call(&home.addr, P2M_EXIT { who: who.clone() }) {
+            match node.rpc.call(
+                &home.addr,
+                P2M_CREATE_UNDO {
+                    who: who.clone(),
+                    attempt,
+                },
+            ) {
                 Ok(_) | Err(RpcError::Remote { .. } | RpcError::Protocol { .. }) => return,
                 Err(RpcError::Unreachable { .. }) if node.mcomp_declared_lost(home.id) => return,
                 Err(e) if t0.elapsed() >= UNDO_FOR => {
-                    tracing::warn!(pid = who.pid, mcomp = home.id, error = %e, "a home given up never heard that its process ended");
+                    tracing::warn!(pid = who.pid, mcomp = home.id, error = %e, "a home given up never heard that its creation was given up");
                     return;
                 }
                 Err(_) => std::thread::sleep(Duration::from_secs(1)),
             }
         };
         if let Err(e) = std::thread::Builder::new().name("undo-create".into()).spawn(undo) {
-            tracing::warn!(error = %e, "cannot tell a home given up that its process ended");
+            tracing::warn!(error = %e, "cannot tell a home given up that its creation was given up");
         }
     }
 }
