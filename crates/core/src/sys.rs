@@ -92,6 +92,32 @@ pub fn tcp_listener_uid(addr: std::net::SocketAddr) -> Option<u32> {
 /// peer on another host, or one already gone. One exact lookup by the kernel (sock_diag), not
 /// a walk of every socket.
 pub fn tcp_peer_uid(peer: std::net::SocketAddr, local: std::net::SocketAddr) -> Option<u32> {
+    tcp_socket(peer, local).map(|(uid, _)| uid)
+}
+
+/// The process that holds the TCP listener at `addr` on this host (in this network namespace)
+/// and can be seen here, or None. Its socket's inode found by the kernel, then looked for among
+/// the processes' descriptors (one walk of /proc).
+pub fn tcp_listener_pid(addr: std::net::SocketAddr) -> Option<u32> {
+    let nowhere = match addr.ip().to_canonical() {
+        std::net::IpAddr::V4(_) => std::net::SocketAddr::from(([0u8; 4], 0)),
+        std::net::IpAddr::V6(_) => std::net::SocketAddr::from(([0u16; 8], 0)),
+    };
+    let (_, inode) = tcp_socket(addr, nowhere)?;
+    let socket = format!("socket:[{inode}]");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|p| {
+        let pid: u32 = p.file_name().to_str()?.parse().ok()?;
+        std::fs::read_dir(p.path().join("fd"))
+            .ok()?
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == socket.as_str()))
+            .then_some(pid)
+    })
+}
+
+/// The owner and inode of the TCP socket that is the other end of a connection from `peer`
+/// to `local` (the listener, for a `local` of nowhere).
+fn tcp_socket(peer: std::net::SocketAddr, local: std::net::SocketAddr) -> Option<(u32, u32)> {
     use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
     use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6, IPPROTO_TCP};
     use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
@@ -139,7 +165,7 @@ pub fn tcp_peer_uid(peer: std::net::SocketAddr, local: std::net::SocketAddr) -> 
         .ok()?
         .payload
     {
-        NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => Some(r.header.uid),
+        NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => Some((r.header.uid, r.header.inode)),
         _ => None,
     }
 }
@@ -160,7 +186,9 @@ mod tests {
             Some(euid),
             "a listener on every address listens on loopback too"
         );
+        assert_eq!(super::tcp_listener_pid(at), Some(std::process::id()));
         drop(l);
         assert_eq!(super::tcp_listener_uid(at), None);
+        assert_eq!(super::tcp_listener_pid(at), None);
     }
 }

@@ -331,3 +331,150 @@ fn a_seed_draws_the_same_faults_again_and_bad_options_are_refused() {
         text(&out.stderr)
     );
 }
+
+/// Three etcd members on this host's loopback, for the managers' state, each with a client
+/// and a peer port of its own; whatever listens at their client ports (the members, and those
+/// a chaos run started again in their place) is killed when dropped.
+struct LoopbackEtcd {
+    members: Vec<std::process::Child>,
+    clients: Vec<std::net::SocketAddr>,
+}
+
+impl LoopbackEtcd {
+    fn start(dir: &std::path::Path, ports: &[u16]) -> LoopbackEtcd {
+        let url = |p: u16| format!("http://127.0.0.1:{p}");
+        let peers: Vec<String> = (0..3).map(|i| format!("e{i}={}", url(ports[3 + i]))).collect();
+        let mut e = LoopbackEtcd {
+            members: Vec::new(),
+            clients: (0..3).map(|i| ([127, 0, 0, 1], ports[i]).into()).collect(),
+        };
+        for i in 0..3 {
+            let log = std::fs::File::create(dir.join(format!("e{i}.log"))).unwrap();
+            let (client, peer) = (url(ports[i]), url(ports[3 + i]));
+            let name = format!("e{i}");
+            let data = dir.join(&name);
+            let child = Command::new("etcd")
+                .args(["--name", &name, "--data-dir", data.to_str().unwrap()])
+                .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+                .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+                .args(["--initial-cluster", &peers.join(","), "--initial-cluster-state", "new"])
+                .args(["--initial-cluster-token", "chaos-etcd-test"])
+                .stdin(std::process::Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap();
+            e.members.push(child);
+        }
+        let t0 = std::time::Instant::now();
+        while !e.clients.iter().all(|c| e.healthy(*c)) {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(30),
+                "etcd did not become healthy; its logs are in {}",
+                dir.display()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        e
+    }
+
+    fn healthy(&self, client: std::net::SocketAddr) -> bool {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "2", &format!("http://{client}/health")])
+            .output()
+            .unwrap();
+        text(&out.stdout).contains("\"health\":\"true\"")
+    }
+
+    /// How many keys the managers keep under `prefix`, as member `client` answers.
+    fn keys(&self, client: std::net::SocketAddr, prefix: &str) -> u64 {
+        use base64::Engine;
+        let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
+        let mut end = prefix.as_bytes().to_vec();
+        *end.last_mut().unwrap() += 1;
+        let body = format!(
+            r#"{{"key":"{}","range_end":"{}","count_only":true}}"#,
+            b64(prefix.as_bytes()),
+            b64(&end)
+        );
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "5", "-X", "POST", "-d", &body])
+            .arg(format!("http://{client}/v3/kv/range"))
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        v["count"].as_str().and_then(|c| c.parse().ok()).unwrap_or(0)
+    }
+}
+
+impl Drop for LoopbackEtcd {
+    fn drop(&mut self) {
+        for c in &self.clients {
+            if let Some(pid) = splitos_core::sys::tcp_listener_pid(*c) {
+                // SAFETY: kill takes plain integers.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+        }
+        for m in &mut self.members {
+            let _ = m.kill();
+            let _ = m.wait();
+        }
+    }
+}
+
+#[test]
+fn etcd_members_killed_and_stopped_under_two_managers_fail_no_program_and_rejoin() {
+    let dir = tempfile::tempdir().unwrap();
+    // Eight free ports on loopback: each member's client and peer port, each manager's.
+    let held: Vec<std::net::TcpListener> = (0..8)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let ports: Vec<u16> = held.iter().map(|l| l.local_addr().unwrap().port()).collect();
+    drop(held);
+    let etcd = LoopbackEtcd::start(dir.path(), &ports);
+    let endpoints: Vec<String> = etcd.clients.iter().map(|c| format!("\"http://{c}\"")).collect();
+    let config = dir.path().join("cluster.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cluster]\nvregion_size = \"4M\"\netcd = [{}]\netcd_insecure = true\netcd_prefix = \"/chaos-etcd\"\n[[gm]]\nlisten = \"127.0.0.1:{}\"\n[[gm]]\nlisten = \"127.0.0.1:{}\"\n[[pcomponent]]\nexcache = \"16M\"\n[[scomponent]]\n[[mcomponent]]\n[[mcomponent]]\n[[mcomponent]]\n",
+            endpoints.join(", "),
+            ports[6],
+            ports[7]
+        ),
+    )
+    .unwrap();
+    let mut args = vec!["--config", config.to_str().unwrap()];
+    // Seed 3 draws both kinds, a kill of each member among them, in its 0.3 minutes.
+    args.extend(["--seed", "3", "--minutes", "0.3", "--faults", "stop-etcd,kill-etcd"]);
+    for w in ["cpython-threads", "files", "memcached"] {
+        args.extend(["--without", w]);
+    }
+    let (out, r) = report(dir.path(), &args);
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success() && r["passed"] == true, "{said}");
+    assert!(r["faults"]["kill-etcd"].as_u64().unwrap_or(0) >= 1, "{said}");
+    assert!(r["faults"]["stop-etcd"].as_u64().unwrap_or(0) >= 1, "{said}");
+    every_run_as_natively(&r, &said);
+    let kills: Vec<&str> = strings(&r["schedule"], "seen")
+        .into_iter()
+        .filter(|s| s.ends_with("started again"))
+        .collect();
+    assert!(!kills.is_empty(), "{said}");
+    // Every member killed came back, in the cluster: each answers healthy and holds the
+    // managers' records, replicated to it.
+    for c in &etcd.clients {
+        assert!(etcd.healthy(*c), "etcd at {c} after the run: {said}");
+        assert!(
+            etcd.keys(*c, "/chaos-etcd") >= 1,
+            "etcd at {c} holds the managers' records"
+        );
+    }
+    let started_again: Vec<u32> = etcd
+        .clients
+        .iter()
+        .filter_map(|c| splitos_core::sys::tcp_listener_pid(*c))
+        .filter(|pid| !etcd.members.iter().any(|m| m.id() == *pid))
+        .collect();
+    assert!(!started_again.is_empty(), "a member killed is one chaos started again");
+}

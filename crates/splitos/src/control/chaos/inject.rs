@@ -47,14 +47,14 @@ pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String
         .ok_or_else(|| anyhow::anyhow!("{} is not running", f.target))?;
     let hold = Duration::from_millis(f.hold_ms);
     match f.kind {
-        Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage | Kind::StopNet => {
+        Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage | Kind::StopNet | Kind::StopEtcd => {
             let addr = rig.addr_of(&f.target).unwrap_or_default();
             signal(pid, libc::SIGSTOP);
             // On a loaded host a stop shorter than the silence limit can still outlast it
             // (heartbeats late before it): then the managers gave the component up, as if it
             // had died. They say so only until its next heartbeat, so they are asked meanwhile.
             let (t0, mut held_lost) = (Instant::now(), false);
-            let ask = |held: &mut bool| *held |= f.kind != Kind::StopGm && rig.lost(&addr);
+            let ask = |held: &mut bool| *held |= !matches!(f.kind, Kind::StopGm | Kind::StopEtcd) && rig.lost(&addr);
             while t0.elapsed() < hold {
                 ask(&mut held_lost);
                 std::thread::sleep(Duration::from_millis(100).min(hold.saturating_sub(t0.elapsed())));
@@ -123,6 +123,22 @@ pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String
             std::thread::sleep(hold);
             restart(rig, &f.target, t)?;
             Ok(format!("{carried}dead for {} ms; started again", f.hold_ms))
+        }
+        Kind::KillEtcd => {
+            signal(pid, libc::SIGKILL);
+            std::thread::sleep(hold);
+            if !gone(rig, &f.target) {
+                anyhow::bail!("{} did not exit", f.target);
+            }
+            rig.etcd.restart(&f.target, &rig.state)?;
+            if !rig.until(SETTLE, |s| settled(s, t)) {
+                anyhow::bail!(
+                    "the cluster did not settle within {} s after {} started again",
+                    SETTLE.as_secs(),
+                    f.target
+                );
+            }
+            Ok(format!("dead for {} ms; started again", f.hold_ms))
         }
         Kind::FullDisk => {
             let filled = rig.disks.fill(&f.target)?;

@@ -9,6 +9,7 @@
 //! alive, every vRegion with its copies) and hold nothing of a program that ended.
 mod defaults;
 mod disks;
+mod etcd;
 mod fds;
 mod inject;
 mod net;
@@ -63,8 +64,9 @@ pub struct ChaosArgs {
     /// Draw only these kinds of fault (comma-separated, e.g. `kill-mem,stop-storage`); by
     /// default every kind the configuration has: kill-mem, stop-mem, pause-mem, drain-mem,
     /// detach-mem, kill-gm, stop-gm, swap-placement, stop-proc, kill-proc, resize-excache, swap-policy,
-    /// stop-storage, kill-storage, slow-mem, full-disk, stop-net, kill-net (docs/reliability.md
-    /// says what each does).
+    /// stop-storage, kill-storage, slow-mem, full-disk, stop-net, kill-net, and with three
+    /// members or more of the managers' etcd on this host's loopback stop-etcd, kill-etcd
+    /// (docs/reliability.md says what each does).
     #[arg(long, value_delimiter = ',', value_name = "KIND")]
     pub faults: Vec<Kind>,
     /// Programs running at once.
@@ -144,6 +146,8 @@ struct Rig {
     gm: Option<String>,
     /// Unmounted once the cluster is down, before the directory they are in goes.
     disks: disks::Disks,
+    /// The managers' etcd members faults may hit (none unless three or more on loopback).
+    etcd: etcd::Members,
     _tmp: tempfile::TempDir,
     state: PathBuf,
     data: PathBuf,
@@ -189,6 +193,9 @@ impl Rig {
 
     /// The live process of component `name`, by its configuration file in the state directory.
     fn pid_of(&self, name: &str) -> Option<u32> {
+        if name.starts_with("etcd") {
+            return self.etcd.pid_of(name);
+        }
         super::procs::running(&self.state)
             .into_iter()
             .find(|(n, _)| n == name)
@@ -337,11 +344,13 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
         }
     };
     let cfg = ClusterConfig::load(&config).map_err(|e| anyhow::anyhow!(e))?;
+    let etcd = etcd::Members::find(&cfg.cluster.etcd)?;
     let targets = Targets {
         mems: cfg.mcomponent.len(),
         procs: cfg.pcomponent.len(),
         storages: cfg.scomponent.len(),
         nets: cfg.ncomponent.len(),
+        etcds: etcd.len(),
         excaches: cfg.pcomponent.iter().map(|p| p.excache.0).collect(),
         api: cfg.cluster.api != "off",
         managers: cfg.managers().len(),
@@ -362,7 +371,7 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
     }
     let schedule = schedule::draw(seed, (args.minutes * 60_000.0) as u64, &targets);
     if schedule.is_empty() {
-        anyhow::bail!("no fault of the kinds --faults names fits this cluster (an mComponent to kill needs replicas, a drain two mComponents, a storage fault an sComponent, a full disk root and an sComponent given no directory, a change the REST API)");
+        anyhow::bail!("no fault of the kinds --faults names fits this cluster (an mComponent to kill needs replicas, a drain two mComponents, a storage fault an sComponent, a full disk root and an sComponent given no directory, an etcd fault three members or more of the managers' etcd on this host's loopback, a change the REST API)");
     }
     if let Some(w) = args
         .without
@@ -427,6 +436,7 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
         exe: std::env::current_exe()?,
         gm: None,
         disks,
+        etcd,
         state: tmp.path().join("state"),
         data: tmp.path().join("data"),
         _tmp: tmp,

@@ -97,7 +97,9 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
                 | Kind::ResizeExcache
                 | Kind::SwapPolicy
                 | Kind::SwapPlacement
-                | Kind::SlowMem => false,
+                | Kind::SlowMem
+                | Kind::StopEtcd
+                | Kind::KillEtcd => false,
             };
             overlaps && beyond && names(f.fault.kind)
         })

@@ -62,6 +62,12 @@ pub enum Kind {
     /// (beyond the tolerance of a configuration with one nComponent): programs read end of
     /// file or `ENETDOWN`, and sockets made meanwhile get `ENETDOWN`.
     KillNet,
+    /// SIGSTOP a member of the managers' etcd for the hold, shorter than the silence limit:
+    /// the others keep a quorum (and elect a new etcd leader if it led).
+    StopEtcd,
+    /// kill -9 a member of the managers' etcd; start it again after the hold, as it was
+    /// started, with its data directory. Within the tolerance of three members or more.
+    KillEtcd,
 }
 
 /// Eviction and read-ahead policies a pComponent can take while it runs, and placements.
@@ -92,6 +98,8 @@ impl Kind {
             Kind::FullDisk => "full-disk",
             Kind::StopNet => "stop-net",
             Kind::KillNet => "kill-net",
+            Kind::StopEtcd => "stop-etcd",
+            Kind::KillEtcd => "kill-etcd",
         }
     }
 
@@ -103,6 +111,7 @@ impl Kind {
             Kind::StopProc | Kind::KillProc | Kind::ResizeExcache | Kind::SwapPolicy => "proc",
             Kind::StopStorage | Kind::KillStorage | Kind::FullDisk => "storage",
             Kind::StopNet | Kind::KillNet => "net",
+            Kind::StopEtcd | Kind::KillEtcd => "etcd",
         }
     }
 
@@ -138,6 +147,9 @@ pub struct Targets {
     pub procs: usize,
     pub storages: usize,
     pub nets: usize,
+    /// Members of the managers' etcd this run can hit: three or more on this host's loopback,
+    /// or none.
+    pub etcds: usize,
     /// The configured ExCache of each pComponent, in bytes: a resize draws around it.
     pub excaches: Vec<u64>,
     /// Whether the managers serve the REST API, which changes go through.
@@ -186,7 +198,12 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
     if !t.disks.is_empty() {
         kinds.push((Kind::FullDisk, 1));
     }
-    kinds.extend([(Kind::StopNet, 2), (Kind::KillNet, 1)]);
+    kinds.extend([
+        (Kind::StopNet, 2),
+        (Kind::KillNet, 1),
+        (Kind::StopEtcd, 2),
+        (Kind::KillEtcd, 2),
+    ]);
     kinds.retain(|(k, _)| {
         (t.only.is_empty() || t.only.contains(k))
             && (t.api || !k.through_api())
@@ -195,6 +212,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
                 "proc" => t.procs > 0,
                 "storage" => t.storages > 0,
                 "net" => t.nets > 0,
+                "etcd" => t.etcds > 0,
                 _ => true,
             }
     });
@@ -219,6 +237,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
             // Storage components are named from 0 with one as with several.
             "storage" => ("storage", rng.random_range(0..t.storages)),
             "net" => ("net", rng.random_range(0..t.nets)),
+            "etcd" => ("etcd", rng.random_range(0..t.etcds)),
             _ if t.managers > 1 => ("gm", rng.random_range(0..t.managers)),
             _ => ("gm", usize::MAX),
         };
@@ -228,7 +247,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
         };
         let detach_end = (kind == Kind::DetachMem).then(|| DETACH_ENDS[rng.random_range(0..DETACH_ENDS.len())]);
         let hold_ms = match kind {
-            Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage | Kind::StopNet => {
+            Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage | Kind::StopNet | Kind::StopEtcd => {
                 rng.random_range(100..=stop_ms)
             }
             // Called off soon, while its memory moves: a move takes a second or so.
@@ -267,7 +286,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
 mod tests {
     use super::*;
 
-    const ALL: [Kind; 18] = [
+    const ALL: [Kind; 20] = [
         Kind::KillMem,
         Kind::StopMem,
         Kind::PauseMem,
@@ -286,6 +305,8 @@ mod tests {
         Kind::FullDisk,
         Kind::StopNet,
         Kind::KillNet,
+        Kind::StopEtcd,
+        Kind::KillEtcd,
     ];
 
     fn targets(tolerated: bool) -> Targets {
@@ -294,6 +315,7 @@ mod tests {
             procs: 1,
             storages: 1,
             nets: 1,
+            etcds: 3,
             excaches: vec![16 << 20],
             api: true,
             only: Vec::new(),
@@ -323,7 +345,7 @@ mod tests {
             .iter()
             .filter(|f| matches!(
                 f.kind,
-                Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage | Kind::StopNet
+                Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage | Kind::StopNet | Kind::StopEtcd
             ))
             .all(|f| f.hold_ms <= 2000 / 3));
         assert!(s.iter().all(|f| match f.kind.target_kind() {
@@ -331,6 +353,7 @@ mod tests {
             "proc" => f.target == "proc0",
             "storage" => f.target == "storage0",
             "net" => f.target == "net0",
+            "etcd" => ["etcd0", "etcd1", "etcd2"].contains(&f.target.as_str()),
             _ => f.target == "gm",
         }));
         // Each change says what it sets, within what the component takes.
@@ -356,12 +379,13 @@ mod tests {
         let bare = Targets {
             storages: 0,
             nets: 0,
+            etcds: 0,
             api: false,
             ..targets(true)
         };
         assert!(draw(1, 600_000, &bare)
             .iter()
-            .all(|f| !f.kind.through_api() && !["storage", "net"].contains(&f.kind.target_kind())));
+            .all(|f| !f.kind.through_api() && !["storage", "net", "etcd"].contains(&f.kind.target_kind())));
         // A disk not of the run's own is never filled.
         let theirs = Targets {
             storages: 2,
