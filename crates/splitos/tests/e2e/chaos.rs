@@ -478,3 +478,60 @@ fn etcd_members_killed_and_stopped_under_two_managers_fail_no_program_and_rejoin
         .collect();
     assert!(!started_again.is_empty(), "a member killed is one chaos started again");
 }
+
+#[test]
+fn hosts_cut_off_in_turn_fail_no_program_and_the_cluster_settles() {
+    // The managers, the pComponent and the sComponent on one host, two mComponents on each of
+    // two others: a cut of the first parts the programs from all memory, one of the others
+    // from half of it.
+    let h = Hosts::new(&["a", "b", "c"]);
+    let dir = tempfile::tempdir().unwrap();
+    let at = |host: &str| format!("listen = \"{}:0\"\nnetns = \"{}\"\n", h.addr(host), h.netns(host));
+    let config = dir.path().join("cluster.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cluster]\ngm = \"{}:0\"\nnetns = \"{}\"\nvregion_size = \"4M\"\n[[pcomponent]]\n{}excache = \"16M\"\n[[scomponent]]\n{}[[mcomponent]]\n{}[[mcomponent]]\n{}[[mcomponent]]\n{}[[mcomponent]]\n{}",
+            h.addr("a"),
+            h.netns("a"),
+            at("a"),
+            at("a"),
+            at("b"),
+            at("b"),
+            at("c"),
+            at("c")
+        ),
+    )
+    .unwrap();
+    let mut args = vec!["--config", config.to_str().unwrap()];
+    // Seed 1 cuts each host off at least twice, for 0.2 to 1.5 s, in its 0.3 minutes.
+    args.extend(["--seed", "1", "--minutes", "0.3", "--faults", "cut-host"]);
+    for w in ["cpython-threads", "memcached"] {
+        args.extend(["--without", w]);
+    }
+    let (out, r) = report(dir.path(), &args);
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success() && r["passed"] == true, "{said}");
+    every_run_as_natively(&r, &said);
+    let targets = strings(&r["schedule"], "target");
+    for host in ["a", "b", "c"] {
+        assert!(targets.contains(&h.netns(host).as_str()), "{host} cut off: {said}");
+    }
+    // Each cut took a link down at this host's end: the bridge's side of the host's veth,
+    // named after the hosts' tag.
+    let tag = h.netns("a").strip_suffix("-a").unwrap().to_string();
+    for seen in strings(&r["schedule"], "seen") {
+        assert!(
+            seen.starts_with("cut off for ") && seen.contains(&format!("({tag}o")) && seen.ends_with(" down)"),
+            "{seen}"
+        );
+    }
+    // Healed: every host's link is up again.
+    let links = Command::new("ip").args(["-o", "link", "show"]).output().unwrap();
+    let down: Vec<String> = text(&links.stdout)
+        .lines()
+        .filter(|l| l.contains(&format!("{tag}o")) && !l.contains("state UP"))
+        .map(String::from)
+        .collect();
+    assert!(down.is_empty(), "{down:?}");
+}

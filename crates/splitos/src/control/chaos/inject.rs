@@ -42,12 +42,14 @@ fn carried(rig: &Rig, name: &str) -> String {
 
 /// Injects fault `f` and heals it: what the cluster showed of it, or why it could not.
 pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String> {
-    let pid = rig
-        .pid_of(&f.target)
-        .ok_or_else(|| anyhow::anyhow!("{} is not running", f.target))?;
+    let running = || {
+        rig.pid_of(&f.target)
+            .ok_or_else(|| anyhow::anyhow!("{} is not running", f.target))
+    };
     let hold = Duration::from_millis(f.hold_ms);
     match f.kind {
         Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage | Kind::StopNet | Kind::StopEtcd => {
+            let pid = running()?;
             let addr = rig.addr_of(&f.target).unwrap_or_default();
             signal(pid, libc::SIGSTOP);
             // On a loaded host a stop shorter than the silence limit can still outlast it
@@ -65,6 +67,7 @@ pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String
             Ok(format!("stopped for {} ms{said}", f.hold_ms))
         }
         Kind::SlowMem => {
+            let pid = running()?;
             let (t0, mut stops) = (Instant::now(), 0);
             while t0.elapsed() < hold && !interrupted() {
                 signal(pid, libc::SIGSTOP);
@@ -81,6 +84,7 @@ pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String
             ))
         }
         Kind::KillMem | Kind::PauseMem => {
+            let pid = running()?;
             let addr = rig.addr_of(&f.target).unwrap_or_default();
             let paused = f.kind == Kind::PauseMem;
             signal(pid, if paused { libc::SIGSTOP } else { libc::SIGKILL });
@@ -115,6 +119,7 @@ pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String
         }
         Kind::KillGm | Kind::KillProc | Kind::KillStorage | Kind::KillNet => {
             // What an nComponent carried, by its own counters: the workload's sockets were its.
+            let pid = running()?;
             let carried = match f.kind {
                 Kind::KillNet => carried(rig, &f.target),
                 _ => String::new(),
@@ -125,7 +130,7 @@ pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String
             Ok(format!("{carried}dead for {} ms; started again", f.hold_ms))
         }
         Kind::KillEtcd => {
-            signal(pid, libc::SIGKILL);
+            signal(running()?, libc::SIGKILL);
             std::thread::sleep(hold);
             if !gone(rig, &f.target) {
                 anyhow::bail!("{} did not exit", f.target);
@@ -139,6 +144,25 @@ pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String
                 );
             }
             Ok(format!("dead for {} ms; started again", f.hold_ms))
+        }
+        Kind::CutHost => {
+            // Its components, asked during the cut whether the managers hold them lost; not
+            // where the managers are among them (cut off, they cannot be asked).
+            let names = rig.in_netns(&f.target);
+            let addrs: Vec<String> = match names.iter().any(|n| n.starts_with("gm")) {
+                true => Vec::new(),
+                false => names.iter().filter_map(|n| rig.addr_of(n)).collect(),
+            };
+            let cut = super::hosts::cut(&f.target)?;
+            let links = cut.names().join(", ");
+            let (t0, mut held_lost) = (Instant::now(), false);
+            while t0.elapsed() < hold && !interrupted() {
+                held_lost |= addrs.iter().any(|a| rig.lost(a));
+                std::thread::sleep(Duration::from_millis(100).min(hold.saturating_sub(t0.elapsed())));
+            }
+            cut.heal()?;
+            let said = if held_lost { "; held lost" } else { "" };
+            Ok(format!("cut off for {} ms ({links} down){said}", f.hold_ms))
         }
         Kind::FullDisk => {
             let filled = rig.disks.fill(&f.target)?;

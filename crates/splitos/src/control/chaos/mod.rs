@@ -11,6 +11,7 @@ mod defaults;
 mod disks;
 mod etcd;
 mod fds;
+mod hosts;
 mod inject;
 mod net;
 mod report;
@@ -65,8 +66,9 @@ pub struct ChaosArgs {
     /// default every kind the configuration has: kill-mem, stop-mem, pause-mem, drain-mem,
     /// detach-mem, kill-gm, stop-gm, swap-placement, stop-proc, kill-proc, resize-excache, swap-policy,
     /// stop-storage, kill-storage, slow-mem, full-disk, stop-net, kill-net, and with three
-    /// members or more of the managers' etcd on this host's loopback stop-etcd, kill-etcd
-    /// (docs/reliability.md says what each does).
+    /// members or more of the managers' etcd on this host's loopback stop-etcd, kill-etcd,
+    /// and with components in network namespaces cut-host (docs/reliability.md says what each
+    /// does).
     #[arg(long, value_delimiter = ',', value_name = "KIND")]
     pub faults: Vec<Kind>,
     /// Programs running at once.
@@ -200,6 +202,19 @@ impl Rig {
             .into_iter()
             .find(|(n, _)| n == name)
             .map(|(_, p)| p)
+    }
+
+    /// The components `cluster up` started in network namespace `ns`, by name.
+    fn in_netns(&self, ns: &str) -> Vec<String> {
+        std::fs::read_dir(&self.state)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_str()?.strip_suffix(".netns")?.to_string();
+                (std::fs::read_to_string(e.path()).ok()?.trim() == ns).then_some(name)
+            })
+            .collect()
     }
 
     /// Whether the managers hold the component at `addr` lost, as they alone say: quick
@@ -345,12 +360,25 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
     };
     let cfg = ClusterConfig::load(&config).map_err(|e| anyhow::anyhow!(e))?;
     let etcd = etcd::Members::find(&cfg.cluster.etcd)?;
+    // Every namespace a component is started in, in the configuration's order: a host each.
+    let mut hosts: Vec<String> = Vec::new();
+    let spaces = cfg.managers().into_iter().map(|m| m.netns);
+    let spaces = spaces
+        .chain(cfg.pcomponent.iter().map(|c| c.netns.clone()))
+        .chain(cfg.mcomponent.iter().map(|c| c.netns.clone()))
+        .chain(cfg.scomponent.iter().map(|c| c.netns.clone()));
+    for ns in spaces.flatten() {
+        if !hosts.contains(&ns) {
+            hosts.push(ns);
+        }
+    }
     let targets = Targets {
         mems: cfg.mcomponent.len(),
         procs: cfg.pcomponent.len(),
         storages: cfg.scomponent.len(),
         nets: cfg.ncomponent.len(),
         etcds: etcd.len(),
+        hosts,
         excaches: cfg.pcomponent.iter().map(|p| p.excache.0).collect(),
         api: cfg.cluster.api != "off",
         managers: cfg.managers().len(),
@@ -360,9 +388,9 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
         disks: disks::Disks::plan(&cfg),
         only: args.faults.clone(),
     };
-    if cfg.ncomponent.iter().any(|n| n.netns.is_some()) || cfg.managers().iter().any(|m| m.netns.is_some()) {
+    if cfg.ncomponent.iter().any(|n| n.netns.is_some()) {
         anyhow::bail!(
-            "splitos chaos runs clusters of this host's loopback alone: the configuration has network namespaces"
+            "splitos chaos's network workload fetches from a server on this host's loopback: an [[ncomponent]] in a network namespace cannot reach it"
         );
     }
     // The network workload's server is on the host's loopback.
@@ -371,7 +399,7 @@ pub fn chaos(args: ChaosArgs) -> anyhow::Result<i32> {
     }
     let schedule = schedule::draw(seed, (args.minutes * 60_000.0) as u64, &targets);
     if schedule.is_empty() {
-        anyhow::bail!("no fault of the kinds --faults names fits this cluster (an mComponent to kill needs replicas, a drain two mComponents, a storage fault an sComponent, a full disk root and an sComponent given no directory, an etcd fault three members or more of the managers' etcd on this host's loopback, a change the REST API)");
+        anyhow::bail!("no fault of the kinds --faults names fits this cluster (an mComponent to kill needs replicas, a drain two mComponents, a storage fault an sComponent, a full disk root and an sComponent given no directory, an etcd fault three members or more of the managers' etcd on this host's loopback, a partition components in network namespaces, a change the REST API)");
     }
     if let Some(w) = args
         .without

@@ -69,6 +69,16 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
         ]
         .iter()
         .any(|m| e.contains(m)),
+        // A host cut off past the silence limit is its components lost, whichever they are.
+        Kind::CutHost => [
+            "mComponent",
+            "pComponent",
+            "sComponent",
+            "cannot reach the cluster",
+            "Input/output error",
+        ]
+        .iter()
+        .any(|m| e.contains(m)),
         // Never beyond the tolerance (below): nothing to name.
         _ => false,
     };
@@ -100,6 +110,7 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
                 | Kind::SlowMem
                 | Kind::StopEtcd
                 | Kind::KillEtcd => false,
+                Kind::CutHost => held_lost,
             };
             overlaps && beyond && names(f.fault.kind)
         })

@@ -68,6 +68,10 @@ pub enum Kind {
     /// kill -9 a member of the managers' etcd; start it again after the hold, as it was
     /// started, with its data directory. Within the tolerance of three members or more.
     KillEtcd,
+    /// Cut a host (a network namespace of the configuration's components) off from every
+    /// other for the hold, shorter than the silence limit: its links go down at this host's
+    /// end, and what it sends or is sent is lost until they come up again.
+    CutHost,
 }
 
 /// Eviction and read-ahead policies a pComponent can take while it runs, and placements.
@@ -100,6 +104,7 @@ impl Kind {
             Kind::KillNet => "kill-net",
             Kind::StopEtcd => "stop-etcd",
             Kind::KillEtcd => "kill-etcd",
+            Kind::CutHost => "cut-host",
         }
     }
 
@@ -112,6 +117,7 @@ impl Kind {
             Kind::StopStorage | Kind::KillStorage | Kind::FullDisk => "storage",
             Kind::StopNet | Kind::KillNet => "net",
             Kind::StopEtcd | Kind::KillEtcd => "etcd",
+            Kind::CutHost => "host",
         }
     }
 
@@ -150,6 +156,8 @@ pub struct Targets {
     /// Members of the managers' etcd this run can hit: three or more on this host's loopback,
     /// or none.
     pub etcds: usize,
+    /// The network namespaces the components are in, each a host a partition cuts off.
+    pub hosts: Vec<String>,
     /// The configured ExCache of each pComponent, in bytes: a resize draws around it.
     pub excaches: Vec<u64>,
     /// Whether the managers serve the REST API, which changes go through.
@@ -203,6 +211,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
         (Kind::KillNet, 1),
         (Kind::StopEtcd, 2),
         (Kind::KillEtcd, 2),
+        (Kind::CutHost, 2),
     ]);
     kinds.retain(|(k, _)| {
         (t.only.is_empty() || t.only.contains(k))
@@ -213,6 +222,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
                 "storage" => t.storages > 0,
                 "net" => t.nets > 0,
                 "etcd" => t.etcds > 0,
+                "host" => !t.hosts.is_empty(),
                 _ => true,
             }
     });
@@ -238,6 +248,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
             "storage" => ("storage", rng.random_range(0..t.storages)),
             "net" => ("net", rng.random_range(0..t.nets)),
             "etcd" => ("etcd", rng.random_range(0..t.etcds)),
+            "host" => (t.hosts[rng.random_range(0..t.hosts.len())].as_str(), usize::MAX),
             _ if t.managers > 1 => ("gm", rng.random_range(0..t.managers)),
             _ => ("gm", usize::MAX),
         };
@@ -247,9 +258,13 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
         };
         let detach_end = (kind == Kind::DetachMem).then(|| DETACH_ENDS[rng.random_range(0..DETACH_ENDS.len())]);
         let hold_ms = match kind {
-            Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage | Kind::StopNet | Kind::StopEtcd => {
-                rng.random_range(100..=stop_ms)
-            }
+            Kind::StopMem
+            | Kind::StopGm
+            | Kind::StopProc
+            | Kind::StopStorage
+            | Kind::StopNet
+            | Kind::StopEtcd
+            | Kind::CutHost => rng.random_range(100..=stop_ms),
             // Called off soon, while its memory moves: a move takes a second or so.
             Kind::DetachMem if detach_end == Some("call-off") => rng.random_range(50..=300),
             _ => rng.random_range(200..=2000),
@@ -286,7 +301,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
 mod tests {
     use super::*;
 
-    const ALL: [Kind; 20] = [
+    const ALL: [Kind; 21] = [
         Kind::KillMem,
         Kind::StopMem,
         Kind::PauseMem,
@@ -307,6 +322,7 @@ mod tests {
         Kind::KillNet,
         Kind::StopEtcd,
         Kind::KillEtcd,
+        Kind::CutHost,
     ];
 
     fn targets(tolerated: bool) -> Targets {
@@ -316,6 +332,7 @@ mod tests {
             storages: 1,
             nets: 1,
             etcds: 3,
+            hosts: vec!["rack-a".into(), "rack-b".into()],
             excaches: vec![16 << 20],
             api: true,
             only: Vec::new(),
@@ -345,7 +362,13 @@ mod tests {
             .iter()
             .filter(|f| matches!(
                 f.kind,
-                Kind::StopMem | Kind::StopGm | Kind::StopProc | Kind::StopStorage | Kind::StopNet | Kind::StopEtcd
+                Kind::StopMem
+                    | Kind::StopGm
+                    | Kind::StopProc
+                    | Kind::StopStorage
+                    | Kind::StopNet
+                    | Kind::StopEtcd
+                    | Kind::CutHost
             ))
             .all(|f| f.hold_ms <= 2000 / 3));
         assert!(s.iter().all(|f| match f.kind.target_kind() {
@@ -354,6 +377,7 @@ mod tests {
             "storage" => f.target == "storage0",
             "net" => f.target == "net0",
             "etcd" => ["etcd0", "etcd1", "etcd2"].contains(&f.target.as_str()),
+            "host" => ["rack-a", "rack-b"].contains(&f.target.as_str()),
             _ => f.target == "gm",
         }));
         // Each change says what it sets, within what the component takes.
@@ -380,12 +404,13 @@ mod tests {
             storages: 0,
             nets: 0,
             etcds: 0,
+            hosts: Vec::new(),
             api: false,
             ..targets(true)
         };
         assert!(draw(1, 600_000, &bare)
             .iter()
-            .all(|f| !f.kind.through_api() && !["storage", "net", "etcd"].contains(&f.kind.target_kind())));
+            .all(|f| !f.kind.through_api() && !["storage", "net", "etcd", "host"].contains(&f.kind.target_kind())));
         // A disk not of the run's own is never filled.
         let theirs = Targets {
             storages: 2,

@@ -1,0 +1,95 @@
+//! Hosts in network namespaces, as a partition cuts one off: every link of the namespace but
+//! loopback goes down at this host's end of it (a veth whose peer is in this namespace, as a
+//! cable pulled at the switch: the host's own interface stays up and its packets are lost), or
+//! in the namespace where no such end is found; and comes up again when healed.
+use std::process::Command;
+
+use serde_json::Value;
+
+/// A link taken down: the namespace it is in (None: this one) and its name.
+type Link = (Option<String>, String);
+
+/// Links taken down for a partition; brought up again by [`Cut::heal`], or when dropped (an
+/// interrupted run leaves no host cut off).
+pub(super) struct Cut(Vec<Link>);
+
+fn ip(ns: Option<&str>, args: &[&str]) -> anyhow::Result<String> {
+    let mut c = Command::new("ip");
+    if let Some(ns) = ns {
+        c.args(["-n", ns]);
+    }
+    let out = c.args(args).output()?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "`ip {}{}` failed: {}",
+            ns.map(|n| format!("-n {n} ")).unwrap_or_default(),
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn links(ns: Option<&str>) -> anyhow::Result<Vec<Value>> {
+    Ok(serde_json::from_str(&ip(ns, &["-j", "link", "show"])?)?)
+}
+
+fn set(link: &Link, up: bool) -> anyhow::Result<()> {
+    ip(
+        link.0.as_deref(),
+        &["link", "set", &link.1, if up { "up" } else { "down" }],
+    )
+    .map(drop)
+}
+
+/// Cuts the host of namespace `ns` off from every other.
+pub(super) fn cut(ns: &str) -> anyhow::Result<Cut> {
+    let (inside, here) = (links(Some(ns))?, links(None)?);
+    let mut cut = Cut(Vec::new());
+    for l in inside.iter().filter(|l| l["ifname"] != "lo") {
+        let name = l["ifname"].as_str().unwrap_or_default().to_string();
+        // The peer of a veth whose other end is in this namespace names it back.
+        let peer = here.iter().find(|h| {
+            l["link_index"].is_u64()
+                && h["ifindex"] == l["link_index"]
+                && h["link_index"] == l["ifindex"]
+                && h.get("link_netnsid").is_some()
+        });
+        let link = match peer {
+            Some(h) => (None, h["ifname"].as_str().unwrap_or_default().to_string()),
+            None => (Some(ns.to_string()), name),
+        };
+        set(&link, false)?;
+        cut.0.push(link);
+    }
+    if cut.0.is_empty() {
+        anyhow::bail!("network namespace {ns} has no link but loopback to cut");
+    }
+    Ok(cut)
+}
+
+impl Cut {
+    /// Brings the links up again: the host is reachable as before.
+    pub(super) fn heal(mut self) -> anyhow::Result<()> {
+        let mut failed = None;
+        for link in std::mem::take(&mut self.0) {
+            if let Err(e) = set(&link, true) {
+                failed.get_or_insert(e);
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// The links cut, as `ip link` names them.
+    pub(super) fn names(&self) -> Vec<String> {
+        self.0.iter().map(|(_, n)| n.clone()).collect()
+    }
+}
+
+impl Drop for Cut {
+    fn drop(&mut self) {
+        for link in &self.0 {
+            let _ = set(link, true);
+        }
+    }
+}
