@@ -121,6 +121,21 @@ impl Kind {
         }
     }
 
+    /// Whether it holds a component stopped or cut off for a third of the silence limit at
+    /// most: within every configuration's tolerance, as a short stall of a host is.
+    pub fn under_silence(self) -> bool {
+        matches!(
+            self,
+            Kind::StopMem
+                | Kind::StopGm
+                | Kind::StopProc
+                | Kind::StopStorage
+                | Kind::StopNet
+                | Kind::StopEtcd
+                | Kind::CutHost
+        )
+    }
+
     /// Whether it is a change an operator makes through the REST API (none without it).
     pub fn through_api(self) -> bool {
         matches!(
@@ -258,13 +273,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
         };
         let detach_end = (kind == Kind::DetachMem).then(|| DETACH_ENDS[rng.random_range(0..DETACH_ENDS.len())]);
         let hold_ms = match kind {
-            Kind::StopMem
-            | Kind::StopGm
-            | Kind::StopProc
-            | Kind::StopStorage
-            | Kind::StopNet
-            | Kind::StopEtcd
-            | Kind::CutHost => rng.random_range(100..=stop_ms),
+            k if k.under_silence() => rng.random_range(100..=stop_ms),
             // Called off soon, while its memory moves: a move takes a second or so.
             Kind::DetachMem if detach_end == Some("call-off") => rng.random_range(50..=300),
             _ => rng.random_range(200..=2000),
@@ -360,16 +369,7 @@ mod tests {
         }
         assert!(s
             .iter()
-            .filter(|f| matches!(
-                f.kind,
-                Kind::StopMem
-                    | Kind::StopGm
-                    | Kind::StopProc
-                    | Kind::StopStorage
-                    | Kind::StopNet
-                    | Kind::StopEtcd
-                    | Kind::CutHost
-            ))
+            .filter(|f| f.kind.under_silence())
             .all(|f| f.hold_ms <= 2000 / 3));
         assert!(s.iter().all(|f| match f.kind.target_kind() {
             "mem" => ["mem0", "mem1", "mem2", "mem3"].contains(&f.target.as_str()),
