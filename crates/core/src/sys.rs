@@ -79,11 +79,17 @@ pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
 /// of a socket from `addr` to nowhere finds no connection and falls back to the listener that
 /// would accept one at `addr`.
 pub fn tcp_listener_uid(addr: std::net::SocketAddr) -> Option<u32> {
+    tcp_listener(addr).map(|(uid, _)| uid)
+}
+
+/// The owner and inode of the TCP listener at `addr`: the kernel's exact lookup of a socket
+/// from `addr` to nowhere finds no connection and falls back to the listener.
+fn tcp_listener(addr: std::net::SocketAddr) -> Option<(u32, u32)> {
     let nowhere = match addr.ip().to_canonical() {
         std::net::IpAddr::V4(_) => std::net::SocketAddr::from(([0u8; 4], 0)),
         std::net::IpAddr::V6(_) => std::net::SocketAddr::from(([0u16; 8], 0)),
     };
-    tcp_peer_uid(addr, nowhere)
+    tcp_socket(addr, nowhere)
 }
 
 /// The user whose socket is the other end of the TCP connection from `peer` to `local`, when
@@ -99,11 +105,7 @@ pub fn tcp_peer_uid(peer: std::net::SocketAddr, local: std::net::SocketAddr) -> 
 /// and can be seen here, or None. Its socket's inode found by the kernel, then looked for among
 /// the processes' descriptors (one walk of /proc).
 pub fn tcp_listener_pid(addr: std::net::SocketAddr) -> Option<u32> {
-    let nowhere = match addr.ip().to_canonical() {
-        std::net::IpAddr::V4(_) => std::net::SocketAddr::from(([0u8; 4], 0)),
-        std::net::IpAddr::V6(_) => std::net::SocketAddr::from(([0u16; 8], 0)),
-    };
-    let (_, inode) = tcp_socket(addr, nowhere)?;
+    let (_, inode) = tcp_listener(addr)?;
     let socket = format!("socket:[{inode}]");
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|p| {
         let pid: u32 = p.file_name().to_str()?.parse().ok()?;

@@ -246,7 +246,7 @@ pub(crate) unsafe fn hello(uffd: c_int, memfd: c_int, fork_token: u64) {
         die(&[b"the pComponent refused this process: too many of this user's programs run there"]);
     }
     if resp.ret == -(libc::EPERM as i64) {
-        die(&[b"the pComponent could not admit this process: the mComponent picked as its home refused it (the pComponent's log says why)"]);
+        die(&[b"the pComponent could not admit this process: its home mComponent, or the process it was forked from, refused it (the pComponent's log says why)"]);
     }
     if resp.ret < 0 {
         let mut b = [0u8; 20];

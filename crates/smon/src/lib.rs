@@ -56,7 +56,7 @@ impl Core {
     /// The directory's figures and this process's counters of the work it did on it.
     fn stats(&self) -> serde_json::Value {
         serde_json::json!({
-            "quota": self.store.quota(), "used": self.store.used(), "namespace_reopens": self.store.reopens(),
+            "quota": self.store.quota(), "used": self.store.used(), "namespace_reopens": self.store.reopens(), "namespace_reserve_released": self.store.reserves_released(),
             "bytes_read": self.bytes_read.load(Relaxed), "bytes_written": self.bytes_written.load(Relaxed), "syncs": self.syncs.load(Relaxed),
             "backup_files": {"bytes": self.backups.bytes(), "appended_bytes": self.backup_appended.load(Relaxed)},
         })

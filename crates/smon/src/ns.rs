@@ -9,16 +9,16 @@
 //! kept by inode number, so no data moves.
 mod data;
 mod durability;
+mod room;
 
 pub use durability::InUse;
-use durability::{count_used, NAMESPACE};
 
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock, RwLockReadGuard};
+use std::sync::{Mutex, RwLock};
 
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -120,6 +120,10 @@ pub struct Store {
     reopened_at: Mutex<Option<std::time::Instant>>,
     /// Times it was opened again.
     reopens: AtomicU64,
+    /// The room kept on the disk for it is there ([`room`]).
+    reserve_held: AtomicBool,
+    /// Times that room was given up to it.
+    reserves_released: AtomicU64,
     /// Next inode number and the end of the durably reserved range.
     inos: Mutex<(u64, u64)>,
     /// Changes committed without fsync since the last durable commit.
@@ -196,7 +200,7 @@ impl Store {
             // Cleared before: a change committed meanwhile sets it again, and this commit persists it.
             self.unsynced.store(false, Ordering::Relaxed);
         }
-        let r = self.noting(|db| {
+        let r = self.committing(|db| {
             let mut tx = db.begin_write().map_err(internal)?;
             tx.set_durability(if durable {
                 Durability::Immediate
@@ -240,66 +244,6 @@ impl Store {
             self.unsynced.store(true, Ordering::Relaxed);
         }
         Ok(r)
-    }
-
-    /// Runs `f` on the namespace database; an I/O error that left it refusing everything
-    /// has it opened again before the next call. Without that, a disk full for a moment
-    /// failed every later call with EIO until the sComponent restarted.
-    fn noting<T>(&self, f: impl FnOnce(&Database) -> FsResult<T>) -> FsResult<T> {
-        NEEDS_REOPEN.set(false);
-        let db = self.db()?;
-        let r = f(db.as_ref().ok_or(libc::EIO)?);
-        // Marked while the handle that failed is still the one open (a reopen waits for this
-        // guard), so that a late mark cannot have a fresh database opened again.
-        if NEEDS_REOPEN.take() {
-            self.poisoned.store(true, Ordering::Relaxed);
-        }
-        r
-    }
-
-    /// The namespace database, opened again first if it was poisoned. It rolls back to its
-    /// last durable commit, as after a crash: changes since the last fsync may be lost, and
-    /// what they reserved is counted again from the inodes that remain before anything else
-    /// uses it. While the disk stays full (a database opened again meets it again, and each
-    /// time rolls back), it is opened again at most every `REOPEN_EVERY`; calls between fail
-    /// with EIO.
-    fn db(&self) -> FsResult<RwLockReadGuard<'_, Option<Database>>> {
-        if self.poisoned.load(Ordering::Relaxed) {
-            let mut db = self.db.write().unwrap();
-            let mut last = self.reopened_at.lock().unwrap();
-            if self.poisoned.load(Ordering::Relaxed) {
-                let full = self.names_room_and_free().is_some_and(|(room, free)| free <= room);
-                if full && last.is_some_and(|t| t.elapsed() < REOPEN_EVERY) {
-                    return Err(libc::EIO);
-                }
-                *last = Some(std::time::Instant::now());
-                // The file stays locked while the old handle is open.
-                drop(db.take());
-                static REOPENED: Refusals = Refusals::new("opened the namespace again after an I/O error");
-                let opened = Database::create(self.dir.join(NAMESPACE))
-                    .map_err(|e| e.to_string())
-                    .and_then(|d| count_used(&d).map(|used| (d, used)));
-                match opened {
-                    Ok((d, used)) => {
-                        *self.used.lock().unwrap() = used;
-                        *db = Some(d);
-                        self.poisoned.store(false, Ordering::Relaxed);
-                        self.reopens.fetch_add(1, Ordering::Relaxed);
-                        crate::series::NAMESPACE_REOPENED.increment(1);
-                        if REOPENED.log_this("namespace") {
-                            tracing::warn!("opened the namespace again after an I/O error (a full disk?): changes not yet synced may be lost");
-                        }
-                    }
-                    Err(e) => {
-                        if REOPENED.log_this("namespace") {
-                            tracing::error!(error = %e, "cannot open the namespace again after an I/O error; will try again");
-                        }
-                        return Err(libc::EIO);
-                    }
-                }
-            }
-        }
-        Ok(self.db.read().unwrap())
     }
 
     fn read<T>(&self, vnode: &str, f: impl FnOnce(&redb::ReadTransaction, &Tables) -> FsResult<T>) -> FsResult<T> {

@@ -17,6 +17,9 @@ splitos_metrics::series! {
     /// Times the namespace database was opened again after an I/O error poisoned it (a full
     /// disk): changes not yet synced were rolled back.
     pub NAMESPACE_REOPENED: Counter = "scomp_namespace_reopened_total";
+    /// Times the room kept on the disk for the namespace database was given up to it (the
+    /// disk nearly full): its commits found room instead of failing.
+    pub NAMESPACE_RESERVE_RELEASED: Counter = "scomp_namespace_reserve_released_total";
     /// Bytes the vNodes' files take.
     pub USED_BYTES: Gauge = "scomp_used_bytes";
 }

@@ -120,14 +120,15 @@ impl<P: Peers> Mem<P> {
 
     /// The answer to a creation of a process already made here: the first's, if the same
     /// pComponent sends it again; a refusal otherwise (a pComponent may not take over
-    /// another's process by creating its id).
+    /// another's process by creating its id). A later creation than the one that made it
+    /// (the first given up, its undo not come yet) now owns it: that undo ends nothing.
     fn created_again(
         &self,
         earlier: &Arc<Mutex<HomeProc>>,
         r: &P2M_PROC_CREATE,
         creator: Option<[u8; 32]>,
     ) -> Result<M2P_HOME, Refusal> {
-        let h = lock_home(earlier)?;
+        let mut h = lock_home(earlier)?;
         let same = h.creator == creator
             && h.pcomp == r.pcomp
             && h.who.vnode == r.who.vnode
@@ -139,6 +140,10 @@ impl<P: Peers> Mem<P> {
             return Err(HomeError::PidInUse { pid: r.who.pid }.into());
         }
         crate::series::CREATIONS_REPEATED.increment(1);
+        if r.attempt > h.attempt {
+            h.attempt = r.attempt;
+            self.sync_backup(&mut h);
+        }
         Ok(M2P_HOME {
             backup: h.backup.clone(),
         })
@@ -501,11 +506,48 @@ impl<P: Peers> Mem<P> {
             }
             Err(e) => return Err(e.into()),
         };
-        self.homes.lock().unwrap().remove(&r.who.pid);
-        let mut h = lock_home(&hp)?;
+        let h = hp.lock().unwrap();
+        let attempt = h.attempt;
+        if !self.take_home(&h, &hp, r.who.pid, attempt) {
+            // Ended meanwhile by another call.
+            return Err(HomeError::NotHome {
+                mcomp: self.peers.id(),
+                pid: r.who.pid,
+            }
+            .into());
+        }
+        self.end_home(h, r.who.pid)
+    }
+
+    /// Takes process `pid`'s home `hp` (locked: `h`) out of this mComponent's homes if it is
+    /// still the one there, and at once holds its creations up to `upto` over: a repeat of
+    /// one still on its way (answer lost, home paused) is late, and must not make it again
+    /// in between. Whether it was still there.
+    fn take_home(&self, h: &HomeProc, hp: &Arc<Mutex<HomeProc>>, pid: u64, upto: u32) -> bool {
+        // In this order, as a creation checks and makes it.
+        let mut ended = self.ended.lock().unwrap();
+        let mut homes = self.homes.lock().unwrap();
+        if !homes.get(&pid).is_some_and(|there| Arc::ptr_eq(there, hp)) {
+            return false;
+        }
+        homes.remove(&pid);
+        ended.remember(h.creator, pid, upto);
+        true
+    }
+
+    /// Frees everything of a process taken out of the homes ([`Mem::take_home`]): its charge,
+    /// its pages on every member, its backup files and its backup home's copy. A home that
+    /// moved away meanwhile answers where it went, and frees nothing here.
+    fn end_home(&self, mut h: std::sync::MutexGuard<'_, HomeProc>, pid: u64) -> Result<OK, Refusal> {
+        if let Some(to) = &h.moved_to {
+            return Err(HomeError::Moved {
+                pid,
+                to: to.id,
+                addr: to.addr.clone(),
+            }
+            .into());
+        }
         h.exited = true;
-        // A repeat of its creation still on its way (answer lost, home paused) is late.
-        self.remember_ended(h.creator, r.who.pid, h.attempt);
         self.quotas.settle(&h.who.vnode, 0, h.charged, 0);
         h.charged = 0;
         let owners = h.all_owners();
@@ -528,7 +570,7 @@ impl<P: Peers> Mem<P> {
                 self.to_only_copy(&o, || M2M_EXIT { who: h.who() })
             };
             if let Err(e) = sent {
-                tracing::warn!(pid = r.who.pid, owner = o.id, error = %e, "owner did not free an exited process's memory");
+                tracing::warn!(pid = pid, owner = o.id, error = %e, "owner did not free an exited process's memory");
                 // A logger drops the process's backup files after what it still streams
                 // there; those of a logger that cannot are dropped here.
                 let logged = h
@@ -549,12 +591,12 @@ impl<P: Peers> Mem<P> {
                     pid: h.who.pid,
                 },
             ) {
-                tracing::warn!(pid = r.who.pid, scomp = scomp.id, error = %e, "sComponent did not drop an exited process's backup files");
+                tracing::warn!(pid = pid, scomp = scomp.id, error = %e, "sComponent did not drop an exited process's backup files");
             }
         }
         if let Some(b) = &h.backup {
             if let Err(e) = self.peers.call(&b.addr, M2M_HOME_DROP { who: h.who() }) {
-                tracing::warn!(pid = r.who.pid, backup = b.id, error = %e, "backup home did not drop an exited process's state");
+                tracing::warn!(pid = pid, backup = b.id, error = %e, "backup home did not drop an exited process's state");
             }
         }
         Ok(OK)
@@ -575,38 +617,40 @@ impl<P: Peers> Mem<P> {
         true
     }
 
-    /// Creations of process `pid` of the pComponent with key `creator` up to `upto` are over:
-    /// one that comes later is refused.
-    fn remember_ended(&self, creator: Option<[u8; 32]>, pid: u64, upto: u32) {
-        self.ended.lock().unwrap().remember(creator, pid, upto);
-    }
-
     /// A creation its pComponent gave up (this home did not answer in time): the home it made,
     /// if no later creation made it, ends as at an exit; if it is still on its way it will be
     /// refused; a creation sent after (the managers picked this home again) is made.
     pub(crate) fn create_undo(&self, r: P2M_CREATE_UNDO) -> Result<OK, Refusal> {
         let creator = splitos_rpc::current_peer().map(|p| p.key);
         let pid = r.who.pid;
-        let made = {
-            // Both held, as a creation checks and makes it.
-            let mut ended = self.ended.lock().unwrap();
-            let made = self.homes.lock().unwrap().get(&pid).cloned();
-            if made.is_none() {
-                ended.remember(creator, pid, r.attempt);
-            }
-            made
-        };
         crate::series::CREATIONS_UNDONE.increment(1);
-        let Some(hp) = made else {
-            return Ok(OK);
-        };
-        if lock_home(&hp)?.attempt > r.attempt {
-            // Made by a later creation: this undo is late.
-            return Ok(OK);
+        // Looked at again whenever a home was made or ended between two looks: the undo acts
+        // on the home it checked, never on one a later creation made meanwhile.
+        loop {
+            let made = self.homes.lock().unwrap().get(&pid).cloned();
+            let Some(hp) = made else {
+                // Both held, as a creation checks and makes it.
+                let mut ended = self.ended.lock().unwrap();
+                if self.homes.lock().unwrap().contains_key(&pid) {
+                    continue;
+                }
+                ended.remember(creator, pid, r.attempt);
+                return Ok(OK);
+            };
+            let h = hp.lock().unwrap();
+            if h.who.vnode != r.who.vnode {
+                self.c.denied.fetch_add(1, Relaxed);
+                return Err(HomeError::OtherVnode { pid }.into());
+            }
+            self.may_act(pid, h.creator).map_err(HomeError::from)?;
+            if h.attempt > r.attempt {
+                // Made by a later creation: this undo is late.
+                return Ok(OK);
+            }
+            if self.take_home(&h, &hp, pid, r.attempt) {
+                return self.end_home(h, pid);
+            }
         }
-        self.home_exit(P2M_EXIT { who: r.who.clone() })?;
-        self.remember_ended(creator, pid, r.attempt);
-        Ok(OK)
     }
 
     /// Releases, as their exit would, the processes created by pComponents the global

@@ -266,10 +266,19 @@ fn a_creation_given_up_and_sent_again_to_the_same_home_is_made_and_a_late_undo_e
     create_at(&rig, 3, 7, 1).expect("made");
     undo(3, 0);
     assert!(made(3), "a late undo ends nothing");
+    // Creation 0 made it, its answer lost; creation 1 came before the undo of 0 (sent from a
+    // thread of its own) and was answered as a repeat: the process is creation 1's now, and
+    // that undo, however often it comes, ends nothing.
+    create_at(&rig, 5, 7, 0).expect("made");
+    create_at(&rig, 5, 7, 1).expect("answered as a repeat");
+    undo(5, 0);
+    undo(5, 0);
+    assert!(made(5), "the undo of the creation given up ends nothing");
+    create_at(&rig, 5, 7, 0).expect("a repeat of 0 is answered as the first");
     let who = rig.create(4);
     rig.mmap(HOME, &who, 4096).expect("the home serves");
 
-    for pid in [1, 2, 3, 4] {
+    for pid in [1, 2, 3, 4, 5] {
         rig.call(
             HOME,
             P2M_EXIT {

@@ -207,36 +207,47 @@ impl Sim {
         // The pComponent gave the first creation up (the home did not answer in time) and
         // undid it, and the managers picked the same home again: the first, made or still on
         // its way, must not make a second home or end the one the second made.
-        let attempt = if self.rng.random_ratio(1, 8) {
-            let (made_first, late_first) = (self.rng.random_bool(0.5), self.rng.random_bool(0.5));
+        let undo = P2M_CREATE_UNDO {
+            who: Sim::who(pid),
+            attempt: 0,
+        };
+        let given_up = self.rng.random_ratio(1, 8);
+        let (made_first, undo_first, late_first) = (
+            self.rng.random_bool(0.5),
+            self.rng.random_bool(0.5),
+            self.rng.random_bool(0.5),
+        );
+        if given_up {
             self.note(
                 "creations given up",
-                format!("  creation 0 of {pid} given up (made first: {made_first}, come late: {late_first})"),
+                format!("  creation 0 of {pid} given up (made first: {made_first}, undone before creation 1: {undo_first}, come late: {late_first})"),
             );
             if made_first {
                 let _ = self.rig.call(home, creation(0));
             }
-            self.call_again(
-                home,
-                &P2M_CREATE_UNDO {
-                    who: Sim::who(pid),
-                    attempt: 0,
-                },
-            )
-            .map_err(|e| format!("undo creation 0 of {pid} at {home}: {e}"))?;
+        }
+        if given_up && undo_first {
+            self.call_again(home, &undo)
+                .map_err(|e| format!("undo creation 0 of {pid} at {home}: {e}"))?;
             if late_first {
                 match self.call_again(home, &creation(0)) {
                     Err(e) if e.code == ErrCode::Denied => {}
                     r => return Err(format!("creation 0 of {pid}, come after its undo, answered {r:?}")),
                 }
             }
-            1
-        } else {
-            0
-        };
+        }
         let created = self
-            .call_again(home, &creation(attempt))
+            .call_again(home, &creation(u32::from(given_up)))
             .map_err(|e| format!("create {pid} at {home}: {e}"))?;
+        if given_up && !undo_first {
+            // The undo, sent from a thread of its own, comes after creation 1 was answered:
+            // it must not end the process, nor may creation 0 come late make another.
+            self.call_again(home, &undo)
+                .map_err(|e| format!("undo creation 0 of {pid} at {home}: {e}"))?;
+            if late_first {
+                let _ = self.call_again(home, &creation(0));
+            }
+        }
         let w = Written {
             home,
             backup: created.backup.map(|b| b.id),

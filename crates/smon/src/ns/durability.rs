@@ -75,6 +75,8 @@ impl Store {
             poisoned: AtomicBool::new(false),
             reopened_at: Mutex::new(None),
             reopens: AtomicU64::new(0),
+            reserve_held: AtomicBool::new(false),
+            reserves_released: AtomicU64::new(0),
             inos: Mutex::new((0, 0)),
             unsynced: AtomicBool::new(false),
             dir: dir.to_path_buf(),
@@ -83,6 +85,14 @@ impl Store {
             files: Mutex::new(HashMap::new()),
         };
         s.recover()?;
+        // Room for the namespace database on a disk that has it (a reserve left by an earlier
+        // run is written again).
+        if let Some((room, free)) = s.names_room_and_free() {
+            let _ = std::fs::remove_file(dir.join(super::room::RESERVE));
+            if free > room + room / 2 {
+                s.make_reserve(room / 2);
+            }
+        }
         Ok(s)
     }
 
@@ -157,7 +167,7 @@ impl Store {
         let mut g = self.inos.lock().unwrap();
         if g.0 >= g.1 {
             let limit = g.0 + INO_BATCH;
-            self.noting(|db| {
+            self.committing(|db| {
                 let mut tx = db.begin_write().map_err(internal)?;
                 tx.set_durability(Durability::Immediate).map_err(internal)?;
                 tx.open_table(META)
@@ -177,7 +187,7 @@ impl Store {
         if !self.unsynced.swap(false, Ordering::Relaxed) {
             return Ok(());
         }
-        self.noting(|db| {
+        self.committing(|db| {
             let mut tx = db.begin_write().map_err(internal)?;
             tx.set_durability(Durability::Immediate).map_err(internal)?;
             tx.commit().map_err(internal)
@@ -242,9 +252,9 @@ mod full_disk {
             out.status.success().then_some(SmallDisk(d))
         }
 
-        /// Writes to the disk until it is full.
-        fn fill(&self) {
-            let mut f = std::fs::File::create(self.0.path().join("ballast")).unwrap();
+        /// Writes to the disk until it is full, into file `name`.
+        fn fill(&self, name: &str) {
+            let mut f = std::fs::File::create(self.0.path().join(name)).unwrap();
             while f.write(&[0u8; 4096]).is_ok_and(|n| n > 0) {}
         }
     }
@@ -257,9 +267,57 @@ mod full_disk {
         }
     }
 
-    /// A disk filled by someone else: new names fail with ENOSPC, and once there is room
-    /// again the namespace serves as before, whatever the database met meanwhile (before, an
-    /// I/O error inside it failed every later call with EIO until a restart).
+    /// A disk filled by someone else: new names fail with ENOSPC, and every other change
+    /// commits on the room kept for the namespace, nothing rolled back (before, the database
+    /// met the full disk and was opened again, which undid removals not yet synced).
+    #[test]
+    fn a_disk_filled_by_someone_else_is_ridden_out_on_the_room_kept_for_the_namespace() {
+        let Some(disk) = SmallDisk::new() else {
+            eprintln!("skipped: cannot mount a tmpfs (not root)");
+            return;
+        };
+        let s = Store::open(&disk.0.path().join("store"), 1 << 30).unwrap();
+        let reserve = disk.0.path().join("store").join(super::super::room::RESERVE);
+        assert!(reserve.exists(), "room is kept from the start");
+        let v = "v";
+        let a = s.create(v, "/a", FileKind::File, 0o644, 0, 0, true, None).unwrap();
+        for p in ["/e", "/f"] {
+            s.create(v, p, FileKind::File, 0o644, 0, 0, true, None).unwrap();
+        }
+        s.create(v, "/d", FileKind::Dir, 0o755, 0, 0, true, None).unwrap();
+        s.sync(v, Some(a.ino)).unwrap();
+        disk.fill("ballast");
+        assert_eq!(
+            s.create(v, "/b", FileKind::File, 0o644, 0, 0, true, None),
+            Err(libc::ENOSPC)
+        );
+        s.unlink(v, "/e", false).expect("a removal commits on the room kept");
+        s.unlink(v, "/d", true).expect("so does an rmdir");
+        s.rename(v, "/f", "/g", false).expect("and a rename");
+        for i in 0..200 {
+            let set = SetAttr {
+                perm: Some(0o600 + i % 64),
+                ..Default::default()
+            };
+            s.setattr(v, a.ino, &set).expect("a change of attributes");
+        }
+        s.checkpoint().expect("a durable commit");
+        assert_eq!(s.reopens(), 0, "the database never met the full disk");
+        assert!(s.reserves_released() >= 1 && !reserve.exists());
+        std::fs::remove_file(disk.0.path().join("ballast")).unwrap();
+        let c = s.create(v, "/c", FileKind::File, 0o644, 0, 0, true, None).unwrap();
+        assert_eq!(s.lookup(v, "/c").unwrap().ino, c.ino);
+        for gone in ["/e", "/d", "/f"] {
+            assert_eq!(s.lookup(v, gone).map(|a| a.ino), Err(libc::ENOENT), "{gone} stays gone");
+        }
+        assert!(s.lookup(v, "/g").is_ok());
+        assert!(reserve.exists(), "the room is kept again once the disk has it");
+    }
+
+    /// A disk filled by someone else who takes the room kept for the namespace too: new names
+    /// fail with ENOSPC, and once there is room again the namespace serves as before, whatever
+    /// the database met meanwhile (before, an I/O error inside it failed every later call
+    /// with EIO until a restart).
     #[test]
     fn a_full_disk_fails_new_names_with_enospc_and_the_namespace_serves_again_once_freed() {
         let Some(disk) = SmallDisk::new() else {
@@ -270,7 +328,10 @@ mod full_disk {
         let v = "v";
         let a = s.create(v, "/a", FileKind::File, 0o644, 0, 0, true, None).unwrap();
         s.sync(v, Some(a.ino)).unwrap();
-        disk.fill();
+        disk.fill("ballast");
+        s.setattr(v, a.ino, &SetAttr::default()).unwrap();
+        assert!(s.reserves_released() >= 1);
+        disk.fill("ballast2");
         assert_eq!(
             s.create(v, "/b", FileKind::File, 0o644, 0, 0, true, None),
             Err(libc::ENOSPC)
@@ -292,7 +353,9 @@ mod full_disk {
         // The database met the full disk (redb then refuses every call until it is opened
         // again) and was opened again.
         assert!(s.reopens() >= 1, "opened again");
-        std::fs::remove_file(disk.0.path().join("ballast")).unwrap();
+        for b in ["ballast", "ballast2"] {
+            std::fs::remove_file(disk.0.path().join(b)).unwrap();
+        }
         let c = s.create(v, "/c", FileKind::File, 0o644, 0, 0, true, None).unwrap();
         assert_eq!(s.lookup(v, "/c").unwrap().ino, c.ino);
         assert_eq!(s.lookup(v, "/a").unwrap().ino, a.ino, "synced before the disk filled");

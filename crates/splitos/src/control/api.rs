@@ -174,6 +174,9 @@ pub(crate) fn send(
         .collect();
     let t0 = std::time::Instant::now();
     let mut last = String::from("no address");
+    // Managers that closed a connection without answering: one that does so again, with no
+    // other answering, is no manager stepping down but a server that always does.
+    let mut cut = std::collections::HashSet::new();
     loop {
         let mut queue: std::collections::VecDeque<String> = all.iter().cloned().collect();
         if let Some(l) = LEADER.lock().unwrap().clone().filter(|l| all.contains(l)) {
@@ -202,7 +205,7 @@ pub(crate) fn send(
                 Err(e) if reads_only && cut_short(&e) => {
                     // It was there a moment ago: a leader follows soon, and the next pass
                     // asks every manager again.
-                    heard = true;
+                    heard |= cut.insert(api.clone());
                     last = format!("{api}: {e}");
                     LEADER.lock().unwrap().take();
                 }
@@ -616,5 +619,11 @@ mod tests {
             1,
             "a change is sent once"
         );
+
+        // A server that always closes the connection is asked once more, not for as long as
+        // a leader may take to be elected.
+        let (closer, seen) = manager(false);
+        assert!(api_get(&closer, "t", "/api/v1/processes").is_err());
+        assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 }

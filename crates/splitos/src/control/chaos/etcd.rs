@@ -1,25 +1,33 @@
 //! The managers' etcd members, as faults hit them: found by the client address the
 //! configuration names (on this host's loopback), killed or stopped, and started again as they
-//! were started (the same program, arguments, directory and environment), so that a member
-//! comes back with its data directory and rejoins.
+//! were started (the same program, arguments, directory, environment and output files), so
+//! that a member comes back with its data directory and rejoins.
 use std::ffi::OsString;
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::os::unix::ffi::OsStringExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// How long a member started again may take to listen.
+/// How long a member started again may take to listen and answer healthy.
 const BACK: Duration = Duration::from_secs(30);
+/// Over TLS its health is not asked (that needs a client certificate of etcd's authority):
+/// it is given this long to catch up once it listens.
+const CATCH_UP: Duration = Duration::from_secs(3);
 
 /// How one member was started.
 #[derive(Debug)]
 struct Member {
     client: SocketAddr,
+    /// Its clients speak plain HTTP (`etcd_insecure`): its health can be asked.
+    plain: bool,
     exe: PathBuf,
     args: Vec<OsString>,
     cwd: PathBuf,
     env: Vec<(OsString, OsString)>,
+    /// The files its standard output and error went to, where they were files.
+    out: [Option<PathBuf>; 2],
 }
 
 /// The members of the configuration's etcd, each as `etcd<i>` in its order.
@@ -31,20 +39,20 @@ impl Members {
     /// run can see; none otherwise (an etcd elsewhere is not this run's to hit). Fewer than
     /// three cannot lose one and keep a quorum: none either.
     pub(super) fn find(endpoints: &[String]) -> anyhow::Result<Members> {
-        let clients: Vec<SocketAddr> = endpoints
+        let clients: Vec<(SocketAddr, bool)> = endpoints
             .iter()
-            .filter_map(|e| e.split_once("://").map(|(_, rest)| rest.trim_end_matches('/')))
-            .filter_map(|a| a.parse().ok())
-            .filter(|a: &SocketAddr| a.ip().is_loopback())
+            .filter_map(|e| e.split_once("://"))
+            .filter_map(|(scheme, a)| Some((a.trim_end_matches('/').parse().ok()?, scheme == "http")))
+            .filter(|(a, _): &(SocketAddr, bool)| a.ip().is_loopback())
             .collect();
         if clients.len() < 3 || clients.len() != endpoints.len() {
             return Ok(Members::default());
         }
         let mut out = Vec::new();
-        for client in clients {
+        for (client, plain) in clients {
             let pid = splitos_core::sys::tcp_listener_pid(client)
-                .ok_or_else(|| anyhow::anyhow!("no process of this host listens at etcd's {client}"))?;
-            out.push(Member::of(pid, client)?);
+                .ok_or_else(|| anyhow::anyhow!("no process this run can see listens at etcd's {client}"))?;
+            out.push(Member::of(pid, client, plain)?);
         }
         Ok(Members(out))
     }
@@ -63,24 +71,27 @@ impl Members {
         splitos_core::sys::tcp_listener_pid(m.client)
     }
 
-    /// Starts member `name` again as it was started, its output in `logs`, and waits until it
-    /// listens.
-    pub(super) fn restart(&self, name: &str, logs: &Path) -> anyhow::Result<()> {
+    /// Starts member `name` again as it was started, and waits until it listens and (over
+    /// plain HTTP) answers healthy: the next fault may take another member down, and the
+    /// quorum needs this one back.
+    pub(super) fn restart(&self, name: &str) -> anyhow::Result<()> {
         let m = Members::index(name)
             .and_then(|i| self.0.get(i))
             .ok_or_else(|| anyhow::anyhow!("no etcd member {name}"))?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(logs.join(format!("{name}.log")))?;
+        let output = |i: usize| -> anyhow::Result<Stdio> {
+            Ok(match &m.out[i] {
+                Some(p) => std::fs::OpenOptions::new().append(true).open(p)?.into(),
+                None => Stdio::null(),
+            })
+        };
         let mut c = Command::new(&m.exe);
         c.args(&m.args)
             .current_dir(&m.cwd)
             .env_clear()
             .envs(m.env.iter().cloned())
             .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
+            .stdout(output(0)?)
+            .stderr(output(1)?);
         // Its own session: the member outlives this run, as the one it replaces would have.
         // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
         unsafe {
@@ -91,13 +102,19 @@ impl Members {
         }
         let mut child = c.spawn()?;
         let t0 = Instant::now();
-        while splitos_core::sys::tcp_listener_pid(m.client).is_none() {
+        let ready = || match m.plain {
+            true => m.healthy(),
+            false => splitos_core::sys::tcp_listener_pid(m.client).is_some() && t0.elapsed() > CATCH_UP,
+        };
+        while !ready() {
             if let Some(s) = child.try_wait()? {
-                anyhow::bail!("etcd member {name} exited at its start ({s}): see {name}.log");
+                anyhow::bail!("etcd member {name} exited at its start ({s})");
             }
             if t0.elapsed() > BACK {
+                let _ = child.kill();
+                let _ = child.wait();
                 anyhow::bail!(
-                    "etcd member {name} did not listen at {} within {} s",
+                    "etcd member {name} was not back at {} within {} s: stopped again",
                     m.client,
                     BACK.as_secs()
                 );
@@ -111,7 +128,20 @@ impl Members {
 }
 
 impl Member {
-    fn of(pid: u32, client: SocketAddr) -> anyhow::Result<Member> {
+    /// Whether it answers its health check as healthy (a member of a quorum).
+    fn healthy(&self) -> bool {
+        let ask = || -> std::io::Result<String> {
+            let mut s = std::net::TcpStream::connect_timeout(&self.client, Duration::from_secs(2))?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            write!(s, "GET /health HTTP/1.0\r\nHost: {}\r\n\r\n", self.client)?;
+            let mut answer = String::new();
+            s.read_to_string(&mut answer)?;
+            Ok(answer)
+        };
+        ask().is_ok_and(|a| a.contains("\"health\":\"true\""))
+    }
+
+    fn of(pid: u32, client: SocketAddr, plain: bool) -> anyhow::Result<Member> {
         let proc_ = PathBuf::from(format!("/proc/{pid}"));
         let read = |what: &str| {
             std::fs::read(proc_.join(what))
@@ -135,8 +165,15 @@ impl Member {
                 ))
             })
             .collect();
+        let file = |fd: &str| {
+            std::fs::read_link(proc_.join("fd").join(fd))
+                .ok()
+                .filter(|p| p.is_file())
+        };
         Ok(Member {
             client,
+            plain,
+            out: [file("1"), file("2")],
             exe: std::fs::read_link(proc_.join("exe"))?,
             args,
             cwd: std::fs::read_link(proc_.join("cwd"))?,

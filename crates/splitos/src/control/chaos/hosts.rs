@@ -42,11 +42,16 @@ fn set(link: &Link, up: bool) -> anyhow::Result<()> {
     .map(drop)
 }
 
-/// Cuts the host of namespace `ns` off from every other.
+fn up(l: &Value) -> bool {
+    l["flags"].as_array().is_some_and(|f| f.iter().any(|f| f == "UP"))
+}
+
+/// Cuts the host of namespace `ns` off from every other. A link that was down already stays
+/// as it was.
 pub(super) fn cut(ns: &str) -> anyhow::Result<Cut> {
     let (inside, here) = (links(Some(ns))?, links(None)?);
     let mut cut = Cut(Vec::new());
-    for l in inside.iter().filter(|l| l["ifname"] != "lo") {
+    for l in inside.iter().filter(|l| l["ifname"] != "lo" && up(l)) {
         let name = l["ifname"].as_str().unwrap_or_default().to_string();
         // The peer of a veth whose other end is in this namespace names it back.
         let peer = here.iter().find(|h| {
@@ -56,7 +61,8 @@ pub(super) fn cut(ns: &str) -> anyhow::Result<Cut> {
                 && h.get("link_netnsid").is_some()
         });
         let link = match peer {
-            Some(h) => (None, h["ifname"].as_str().unwrap_or_default().to_string()),
+            Some(h) if up(h) => (None, h["ifname"].as_str().unwrap_or_default().to_string()),
+            Some(_) => continue,
             None => (Some(ns.to_string()), name),
         };
         set(&link, false)?;
@@ -72,11 +78,14 @@ impl Cut {
     /// Brings the links up again: the host is reachable as before.
     pub(super) fn heal(mut self) -> anyhow::Result<()> {
         let mut failed = None;
-        for link in std::mem::take(&mut self.0) {
-            if let Err(e) = set(&link, true) {
+        // One that does not come up stays for the drop to try again.
+        self.0.retain(|link| match set(link, true) {
+            Ok(()) => false,
+            Err(e) => {
                 failed.get_or_insert(e);
+                true
             }
-        }
+        });
         failed.map_or(Ok(()), Err)
     }
 

@@ -135,7 +135,7 @@ pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String
             if !gone(rig, &f.target) {
                 anyhow::bail!("{} did not exit", f.target);
             }
-            rig.etcd.restart(&f.target, &rig.state)?;
+            rig.etcd.restart(&f.target)?;
             if !rig.until(SETTLE, |s| settled(s, t)) {
                 anyhow::bail!(
                     "the cluster did not settle within {} s after {} started again",
