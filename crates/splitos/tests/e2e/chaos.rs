@@ -445,8 +445,8 @@ fn etcd_members_killed_and_stopped_under_two_managers_fail_no_program_and_rejoin
     )
     .unwrap();
     let mut args = vec!["--config", config.to_str().unwrap()];
-    // Seed 3 draws both kinds, a kill of each member among them, in its 0.3 minutes.
-    args.extend(["--seed", "3", "--minutes", "0.3", "--faults", "stop-etcd,kill-etcd"]);
+    // Seed 3 draws kills of two members and stops of two in its 0.15 minutes.
+    args.extend(["--seed", "3", "--minutes", "0.15", "--faults", "stop-etcd,kill-etcd"]);
     for w in ["cpython-threads", "files", "memcached"] {
         args.extend(["--without", w]);
     }
@@ -504,8 +504,8 @@ fn hosts_cut_off_in_turn_fail_no_program_and_the_cluster_settles() {
     )
     .unwrap();
     let mut args = vec!["--config", config.to_str().unwrap()];
-    // Seed 1 cuts each host off at least twice, for 0.2 to 1.5 s, in its 0.3 minutes.
-    args.extend(["--seed", "1", "--minutes", "0.3", "--faults", "cut-host"]);
+    // Seed 1 cuts each host off once, for 0.5 to 1.2 s, in its 0.15 minutes.
+    args.extend(["--seed", "1", "--minutes", "0.15", "--faults", "cut-host"]);
     for w in ["cpython-threads", "memcached"] {
         args.extend(["--without", w]);
     }

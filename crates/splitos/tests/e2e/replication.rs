@@ -471,13 +471,16 @@ fn a_program_started_while_the_only_home_pauses_past_its_loss_starts_there_once_
     // managers then pick it again, and the creation sent again must be made, not taken for the
     // one given up come late.
     let c = TestCluster::up(Some(
-        "[cluster]\nvregion_size = \"4M\"\nreclaim_dead_ms = 1500\nforget_dead_ms = 60000\n[[pcomponent]]\nexcache = \"8M\"\n[[mcomponent]]\n",
+        "[cluster]\nvregion_size = \"4M\"\nreclaim_dead_ms = 4000\nforget_dead_ms = 60000\n[[pcomponent]]\nexcache = \"8M\"\n[[mcomponent]]\n",
     ));
     let fill = program("fill");
     let cmd = [fill.to_str().unwrap(), "16"];
     let native_out = text(&native(&cmd).stdout);
     let mcomp = c.components("mcomponent")[0]["addr"].as_str().unwrap().to_string();
     let pcomp = c.components("pcomponent")[0]["addr"].as_str().unwrap().to_string();
+    // A program runs first: the managers have heard the mComponent beat, and pick it.
+    let first = c.run(&[], &cmd);
+    assert_eq!(text(&first.stdout), native_out, "{}", text(&first.stderr));
     let paused = Stalled::new(c.pid_of_addr(&mcomp));
     let run = c.spawn(&[], &cmd);
     let lost = |c: &TestCluster| {
@@ -489,16 +492,24 @@ fn a_program_started_while_the_only_home_pauses_past_its_loss_starts_there_once_
         c.eventually(Duration::from_secs(20), lost),
         "the paused mComponent is held lost"
     );
-    // The creation waits out its 2 s for an answer, and the pComponent hears of the loss.
-    std::thread::sleep(Duration::from_secs(3));
+    // The program reaches its creation within the 4 s before the loss (a busy machine takes
+    // its time to start it); the creation waits out its 2 s for an answer, and the pComponent
+    // hears of the loss and gives it up.
+    assert!(
+        c.eventually(Duration::from_secs(30), |c| c
+            .log("proc0")
+            .contains("gave up the home picked for a new process")),
+        "{}",
+        c.log("proc0")
+    );
     drop(paused);
     let out = run.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), native_out);
     assert!(c.metric(&pcomp, "splitos_pcomp_creations_given_up_total") >= 1.0);
-    // The home read the undo, and then made the process from the creation sent after it.
+    // The home read the undo, and then made the process from the creation sent after it
+    // (copies of the first still queued, unless a fence refused them, are refused as late).
     assert!(c.metric(&mcomp, "splitos_mcomp_creations_undone_total") >= 1.0);
-    assert_eq!(c.metric(&mcomp, "splitos_mcomp_creations_after_end_total"), 0.0);
     let again = c.run(&[], &cmd);
     assert_eq!(text(&again.stdout), native_out, "{}", text(&again.stderr));
 }
