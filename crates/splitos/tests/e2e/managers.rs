@@ -336,7 +336,7 @@ fn the_rest_api_and_the_dashboard_follow_the_leader_when_it_is_killed() {
     let gms: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", restartable_port())).collect();
     // Each manager's API on any free port of loopback, as the embedded cluster has it.
     let mut cfg = format!(
-        "[cluster]\n{}etcd_prefix = \"/api-failover\"\nleader_lease_s = 2\n",
+        "[cluster]\n{}etcd_prefix = \"/api-failover\"\nleader_lease_s = 4\n",
         etcd.config()
     );
     for g in &gms {
@@ -365,8 +365,11 @@ fn the_rest_api_and_the_dashboard_follow_the_leader_when_it_is_killed() {
     let drained = works(&c, &["cluster", "drain", &pcomp, "--timeout", "30"]);
     assert!(drained.contains("drained"), "{drained}");
     works(&c, &["cluster", "uncordon", &pcomp]);
+    // A loaded machine can make the new leader miss its lease too (the tools follow that
+    // as well): whichever survivor leads now is the one the rest asks.
     let status = c.status();
-    assert_eq!(status["leader"].as_str(), Some(second.as_str()), "{status}");
+    let now = status["leader"].as_str().unwrap_or_default().to_string();
+    assert!(now != first && gms.contains(&now), "{status}");
     let second_api = status["api"].as_str().unwrap().to_string();
     assert!(second_api != first_api && apis.contains(&second_api), "{status}");
 
