@@ -121,7 +121,7 @@ pub struct Store {
     /// Times it was opened again.
     reopens: AtomicU64,
     /// The room kept on the disk for it is there ([`room`]).
-    reserve_held: AtomicBool,
+    reserve_held: Mutex<bool>,
     /// Times that room was given up to it.
     reserves_released: AtomicU64,
     /// Next inode number and the end of the durably reserved range.

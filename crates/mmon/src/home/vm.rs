@@ -570,7 +570,7 @@ impl<P: Peers> Mem<P> {
                 self.to_only_copy(&o, || M2M_EXIT { who: h.who() })
             };
             if let Err(e) = sent {
-                tracing::warn!(pid = pid, owner = o.id, error = %e, "owner did not free an exited process's memory");
+                tracing::warn!(pid, owner = o.id, error = %e, "owner did not free an exited process's memory");
                 // A logger drops the process's backup files after what it still streams
                 // there; those of a logger that cannot are dropped here.
                 let logged = h
@@ -591,12 +591,12 @@ impl<P: Peers> Mem<P> {
                     pid: h.who.pid,
                 },
             ) {
-                tracing::warn!(pid = pid, scomp = scomp.id, error = %e, "sComponent did not drop an exited process's backup files");
+                tracing::warn!(pid, scomp = scomp.id, error = %e, "sComponent did not drop an exited process's backup files");
             }
         }
         if let Some(b) = &h.backup {
             if let Err(e) = self.peers.call(&b.addr, M2M_HOME_DROP { who: h.who() }) {
-                tracing::warn!(pid = pid, backup = b.id, error = %e, "backup home did not drop an exited process's state");
+                tracing::warn!(pid, backup = b.id, error = %e, "backup home did not drop an exited process's state");
             }
         }
         Ok(OK)

@@ -75,7 +75,7 @@ impl Store {
             poisoned: AtomicBool::new(false),
             reopened_at: Mutex::new(None),
             reopens: AtomicU64::new(0),
-            reserve_held: AtomicBool::new(false),
+            reserve_held: Mutex::new(false),
             reserves_released: AtomicU64::new(0),
             inos: Mutex::new((0, 0)),
             unsynced: AtomicBool::new(false),
@@ -85,14 +85,10 @@ impl Store {
             files: Mutex::new(HashMap::new()),
         };
         s.recover()?;
-        // Room for the namespace database on a disk that has it (a reserve left by an earlier
-        // run is written again).
-        if let Some((room, free)) = s.names_room_and_free() {
-            let _ = std::fs::remove_file(dir.join(super::room::RESERVE));
-            if free > room + room / 2 {
-                s.make_reserve(room / 2);
-            }
-        }
+        // Room for the namespace database on a disk that has it: a reserve an earlier run left
+        // is not known whole, and is written again.
+        let _ = std::fs::remove_file(dir.join(super::room::RESERVE));
+        s.keep_room();
         Ok(s)
     }
 

@@ -25,18 +25,21 @@ impl Store {
         self.noting(f)
     }
 
-    /// One statvfs per commit: a commit costs far more.
-    fn keep_room(&self) {
+    /// One statvfs per commit (about a microsecond; a commit costs far more). Held while it
+    /// acts, so that two commits neither write the file at once nor race a release. Given up
+    /// below `size` free, made again above the room for names and `size` more: a disk hovering
+    /// around one bound does not have it written again and again.
+    pub(super) fn keep_room(&self) {
         let Some((room, free)) = self.names_room_and_free() else {
             return;
         };
         let size = room / 2;
-        let path = self.dir.join(RESERVE);
-        if self.reserve_held.load(Ordering::Relaxed) {
+        let mut held = self.reserve_held.lock().unwrap();
+        if *held {
             if free < size {
                 // Whoever else fills the disk may take this room too; a commit now finds it.
-                let _ = std::fs::remove_file(&path);
-                self.reserve_held.store(false, Ordering::Relaxed);
+                let _ = std::fs::remove_file(self.dir.join(RESERVE));
+                *held = false;
                 self.reserves_released.fetch_add(1, Ordering::Relaxed);
                 crate::series::NAMESPACE_RESERVE_RELEASED.increment(1);
                 static RELEASED: Refusals = Refusals::new("gave up the room kept for the namespace");
@@ -49,12 +52,13 @@ impl Store {
                 }
             }
         } else if free > room + size {
-            self.make_reserve(size);
+            *held = self.make_reserve(size);
         }
     }
 
-    /// Writes the reserve file of `size` bytes (real blocks, not a hole), durably.
-    pub(super) fn make_reserve(&self, size: u64) {
+    /// Writes the reserve file of `size` bytes (real blocks, not a hole), durably; whether it
+    /// could.
+    fn make_reserve(&self, size: u64) -> bool {
         use std::io::Write;
         let path = self.dir.join(RESERVE);
         let made = std::fs::File::create(&path).and_then(|mut f| {
@@ -67,13 +71,11 @@ impl Store {
             }
             f.sync_all()
         });
-        match made {
-            Ok(()) => self.reserve_held.store(true, Ordering::Relaxed),
-            Err(e) => {
-                let _ = std::fs::remove_file(&path);
-                tracing::debug!(error = %e, "cannot keep room for the namespace database yet");
-            }
+        if let Err(e) = &made {
+            let _ = std::fs::remove_file(&path);
+            tracing::debug!(error = %e, "cannot keep room for the namespace database yet");
         }
+        made.is_ok()
     }
 
     /// Times the room kept for the namespace was given up to it.

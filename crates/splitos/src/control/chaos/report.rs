@@ -48,8 +48,10 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
         Kind::KillMem | Kind::StopMem | Kind::PauseMem => e.contains("mComponent") || file_lost,
         // A file call the sComponent could not serve fails with EIO.
         Kind::KillStorage | Kind::StopStorage => e.contains("sComponent") || e.contains("Input/output error"),
-        // A full disk can also roll the sComponent's namespace back to its last durable
-        // commit (docs/storage.md): names made or removed since then are so again.
+        // A filler that also takes the room kept for the namespace database (given up to it
+        // at the sComponent's first commit on the full disk, which may come while the filler
+        // still writes) rolls the namespace back to its last durable commit
+        // (docs/storage.md): names made or removed since then are so again.
         Kind::FullDisk => [
             "No space left on device",
             "No such file or directory",
