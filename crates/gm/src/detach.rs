@@ -5,20 +5,21 @@
 //! managers forget it and tell it to exit (or, drained, it stays, empty and cordoned).
 use splitos_rpc::*;
 
+use super::membership::At;
 use super::{ComponentError, Comps, Entry, Gm};
 
 impl Gm {
-    /// Whether new homes, vRegions and buffer caches may go to this entry.
-    pub(super) fn takes_memory(&self, e: &Entry) -> bool {
-        e.info.role == Role::Mem && e.info.leaving.is_none() && !self.cordons.has(e.info.id) && self.alive(e)
+    /// Whether new homes, vRegions and buffer caches may go to this entry, at `at`.
+    pub(super) fn takes_memory(&self, e: &Entry, at: &At) -> bool {
+        e.info.role == Role::Mem && e.info.leaving.is_none() && !self.cordons.has(e.info.id) && at.alive(e)
     }
 
     /// The mComponents being detached or drained. One declared lost meanwhile is not: its
     /// copies are rebuilt from the others, as for any loss.
-    pub(super) fn leaving_ids(&self, comps: &Comps) -> Vec<u32> {
+    pub(super) fn leaving_ids(&self, comps: &Comps, at: &At) -> Vec<u32> {
         comps
             .values()
-            .filter(|e| e.info.leaving.is_some() && !self.lost(e))
+            .filter(|e| e.info.leaving.is_some() && !at.lost(e))
             .map(|e| e.info.id)
             .collect()
     }
@@ -29,21 +30,20 @@ impl Gm {
     /// and when the others lack room for what it holds.
     pub fn detach(&self, id: u32, exit: bool) -> Result<ComponentInfo, ComponentError> {
         let mut comps = self.comps();
+        let at = self.at();
         let others_free: u64 = comps
             .values()
-            .filter(|e| e.info.id != id && self.takes_memory(e))
+            .filter(|e| e.info.id != id && self.takes_memory(e, &at))
             .map(|e| e.info.load.capacity.saturating_sub(Gm::taken(e)))
             .sum();
         let others = comps
             .values()
-            .filter(|e| e.info.id != id && self.takes_memory(e))
+            .filter(|e| e.info.id != id && self.takes_memory(e, &at))
             .count();
         // A finished drain (empty, staying) is no detach under way.
         let busy: Vec<u32> = comps
             .values()
-            .filter(|e| {
-                e.info.id != id && e.info.leaving.as_ref().is_some_and(|l| l.exit || !l.empty()) && !self.lost(e)
-            })
+            .filter(|e| e.info.id != id && e.info.leaving.as_ref().is_some_and(|l| l.exit || !l.empty()) && !at.lost(e))
             .map(|e| e.info.id)
             .collect();
         let e = comps
@@ -56,7 +56,7 @@ impl Gm {
                 role: e.info.role.name(),
             });
         }
-        if !self.alive(e) {
+        if !at.alive(e) {
             return Err(ComponentError::LostMComponent { id });
         }
         match e.info.leaving.as_mut() {
@@ -169,13 +169,13 @@ impl Gm {
     /// fullest for its capacity, from when it is `rebalance_percent` points fuller than the
     /// emptiest until the gap is under half of that (so that moves settle rather than swing).
     /// Only mComponents that take memory count.
-    pub(super) fn rebalance_from(&self, comps: &Comps) -> Option<u32> {
+    pub(super) fn rebalance_from(&self, comps: &Comps, at: &At) -> Option<u32> {
         if self.rebalance_percent == 0 {
             return None;
         }
         let fill: Vec<(u32, f64)> = comps
             .values()
-            .filter(|e| self.takes_memory(e) && e.info.load.capacity > 0)
+            .filter(|e| self.takes_memory(e, at) && e.info.load.capacity > 0)
             .map(|e| (e.info.id, e.info.load.used as f64 * 100.0 / e.info.load.capacity as f64))
             .collect();
         let mut on = self.rebalancing.lock().unwrap();

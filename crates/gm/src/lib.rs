@@ -423,10 +423,11 @@ impl Gm {
         };
         // Taken under the membership's lock, which heartbeats and placements wait for; built
         // after it.
+        let at = self.at();
         let served: Vec<(EbbHome, Vec<EbbServed>)> = self
             .comps()
             .values()
-            .filter(|e| self.alive(e) && !e.ebbs.is_empty())
+            .filter(|e| at.alive(e) && !e.ebbs.is_empty())
             .map(|e| {
                 (
                     EbbHome {
@@ -550,10 +551,11 @@ impl Handler for Gm {
             Msg::M2G_FIND(r) => on(r, |r| {
                 // Only pComponents not lost (a late one is still told): an mComponent has no
                 // other use for it.
+                let at = self.at();
                 let c = self
                     .comps()
                     .values()
-                    .find(|e| e.info.id == r.id && e.info.role == Role::Proc && !self.lost(e))
+                    .find(|e| e.info.id == r.id && e.info.role == Role::Proc && !at.lost(e))
                     .map(|e| ComponentRef {
                         id: e.info.id,
                         addr: e.info.addr.clone(),

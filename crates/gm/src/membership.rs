@@ -48,6 +48,30 @@ pub(super) struct Announced {
 /// How long after a failed write to the state the heartbeats' answers try none again.
 const WRITE_BACKOFF: Duration = Duration::from_secs(1);
 
+/// A moment of the managers' time, and how it judges a component's silence.
+pub(super) struct At {
+    now: Instant,
+    alive_for: Duration,
+    reclaim_dead: Duration,
+}
+
+impl At {
+    /// How long `e` has been silent.
+    pub(super) fn silent(&self, e: &Entry) -> Duration {
+        self.now.saturating_duration_since(e.last)
+    }
+
+    /// Heard within the last few heartbeat periods ([`beat::Period::alive_for`]).
+    pub(super) fn alive(&self, e: &Entry) -> bool {
+        self.silent(e) < self.alive_for
+    }
+
+    /// A pComponent or mComponent silent for longer than `reclaim_dead`.
+    pub(super) fn lost(&self, e: &Entry) -> bool {
+        matches!(e.info.role, Role::Proc | Role::Mem) && self.silent(e) > self.reclaim_dead
+    }
+}
+
 impl Gm {
     /// Memory of an mComponent that others cannot have: what is charged to mappings
     /// (strict overcommit) or holds pages (heuristic), and what GMM promised since its last
@@ -56,14 +80,15 @@ impl Gm {
         e.info.load.committed.max(e.info.load.used) + e.pending
     }
 
-    pub(super) fn alive(&self, e: &Entry) -> bool {
-        self.since(e.last) < self.period.alive_for()
-    }
-
-    /// Whether a pComponent or mComponent is declared lost: its programs or its copies are
-    /// given up, where until then it was only late and waited for.
-    pub(super) fn lost(&self, e: &Entry) -> bool {
-        matches!(e.info.role, Role::Proc | Role::Mem) && self.since(e.last) > self.reclaim_dead
+    /// The managers' clock read once, for a walk over every component: reading it for each
+    /// of 10,000 entries cost more than the walk itself (docs/benchmarks.md, "The managers at
+    /// datacenter scale").
+    pub(super) fn at(&self) -> At {
+        At {
+            now: self.now(),
+            alive_for: self.period.alive_for(),
+            reclaim_dead: self.reclaim_dead,
+        }
     }
 
     /// The entries, less those silent for longer than `forget_dead` (looked for at most every
@@ -252,12 +277,13 @@ impl Gm {
     }
 
     pub(crate) fn snapshot(&self) -> Vec<ComponentInfo> {
+        let at = self.at();
         self.comps()
             .values()
             .map(|e| ComponentInfo {
-                alive: self.alive(e),
-                since_heartbeat_ms: self.since(e.last).as_millis() as u64,
-                lost: self.lost(e),
+                alive: at.alive(e),
+                since_heartbeat_ms: at.silent(e).as_millis() as u64,
+                lost: at.lost(e),
                 cordoned: self.cordons.has(e.info.id),
                 ..e.info.clone()
             })
@@ -283,11 +309,12 @@ impl Gm {
         // heartbeat waits for, and a write to etcd takes milliseconds), then changes it.
         let _one_at_a_time = self.registering.lock().unwrap();
         let comps = self.comps();
+        let at = self.at();
         // A component restarting at the same address replaces its old entry (with new
         // credentials, after the old entry was forgotten).
         if comps
             .values()
-            .any(|e| e.info.addr == r.addr && e.info.role == r.role && e.key != key && self.alive(e))
+            .any(|e| e.info.addr == r.addr && e.info.role == r.role && e.key != key && at.alive(e))
         {
             return Err(MembershipError::OtherCredentials {
                 role: r.role.name(),
@@ -302,7 +329,7 @@ impl Gm {
             && !comps.contains_key(&r.id)
             && comps
                 .values()
-                .any(|e| e.info.addr == r.addr && e.info.role == r.role && e.info.id != r.id && self.alive(e))
+                .any(|e| e.info.addr == r.addr && e.info.role == r.role && e.info.id != r.id && at.alive(e))
         {
             return Err(MembershipError::Replaced { id: r.id, addr: r.addr }.into());
         }
@@ -498,14 +525,15 @@ impl Gm {
             }
             return Err(MembershipError::NotRegistered { id: r.id, addr: r.addr }.into());
         };
+        let at = self.at();
         // The view may name one that was lost: every answer from now on must not. One only
         // late changes nothing an answer must show at once; were every late heartbeat to work
         // the view out again, managers running behind (a registration storm, a stall) would
         // walk the whole membership at each heartbeat and fall further behind.
-        if self.lost(e) {
+        if at.lost(e) {
             tracing::info!(id = r.id, addr = %e.info.addr, "component is back");
             self.views.changed();
-        } else if !self.alive(e) {
+        } else if !at.alive(e) {
             tracing::debug!(id = r.id, addr = %e.info.addr, "a late heartbeat");
         }
         // It was announced lost while silent, so its copies may have been rebuilt elsewhere:

@@ -3,6 +3,7 @@
 //! program's sockets, and which mComponent caches a file, each by the load that heartbeats
 //! report and the placement policy.
 use super::*;
+use crate::membership::At;
 
 /// Why a picker found no component for what it places.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +109,7 @@ impl Gm {
         let rule = self.placement.rule();
         let hops = self.hops(near, rule);
         let mut comps = self.comps();
+        let at = self.at();
         let taken_hosts: Vec<String> = comps
             .values()
             .filter(|e| exclude.contains(&e.info.id))
@@ -116,7 +118,7 @@ impl Gm {
         let best = comps
             .values_mut()
             .enumerate()
-            .filter(|(_, e)| self.takes_memory(e) && !exclude.contains(&e.info.id))
+            .filter(|(_, e)| self.takes_memory(e, &at) && !exclude.contains(&e.info.id))
             .map(|(index, e)| (index, e.info.load.capacity.saturating_sub(Gm::taken(e)), e))
             .filter(|(_, free, _)| *free >= need)
             .map(|(index, free, e)| {
@@ -140,7 +142,7 @@ impl Gm {
         let Some(e) = best else {
             let free: Vec<String> = comps
                 .values()
-                .filter(|e| e.info.role == Role::Mem && self.alive(e))
+                .filter(|e| e.info.role == Role::Mem && at.alive(e))
                 .map(|e| format!("{}: {} of {} taken", e.info.id, Gm::taken(e), e.info.load.capacity))
                 .collect();
             tracing::debug!(need, ?exclude, ?free, "no mComponent has room");
@@ -162,12 +164,13 @@ impl Gm {
     pub(super) fn place_process(&self) -> Result<G2C_PLACED, Refusal> {
         let mut comps = self.comps();
         let rule = self.placement.rule();
-        let takes = |e: &Entry| e.info.role == Role::Proc && !self.cordons.has(e.info.id) && !self.lost(e);
-        let any_alive = comps.values().any(|e| takes(e) && self.alive(e));
+        let at = self.at();
+        let takes = |e: &Entry| e.info.role == Role::Proc && !self.cordons.has(e.info.id) && !at.lost(e);
+        let any_alive = comps.values().any(|e| takes(e) && at.alive(e));
         let e = comps
             .values_mut()
             .enumerate()
-            .filter(|(_, e)| takes(e) && (self.alive(e) || !any_alive))
+            .filter(|(_, e)| takes(e) && (at.alive(e) || !any_alive))
             .map(|(index, e)| {
                 (
                     rule.key(&Unit {
@@ -196,12 +199,13 @@ impl Gm {
         // None alive (the managers started again and no heartbeat came yet, or every
         // mComponent is late): the pComponent waits for one, where "no room" would refuse
         // the program.
-        if !self.comps().values().any(|e| e.info.role == Role::Mem && self.alive(e)) {
+        let at = self.at();
+        if !self.comps().values().any(|e| e.info.role == Role::Mem && at.alive(e)) {
             return Err(PlaceError::NoMComponentAlive.into());
         }
         let memory_quota = self.vnodes.quota(&r.vnode);
         let mcomp = match memory_quota {
-            Some(_) => self.quota_home(&self.comps(), &r.vnode)?,
+            Some(_) => self.quota_home(&self.comps(), &r.vnode, &at)?,
             None => self.pick_memory(0, &[], Some(r.pcomp))?,
         };
         Ok(G2P_HOME { mcomp, memory_quota })
@@ -209,21 +213,21 @@ impl Gm {
 
     /// The home of every process of `vnode`, which has a memory quota: the one it had while
     /// that one is alive and not leaving, else a new one (rendezvous on the vNode's name).
-    pub(super) fn quota_home(&self, comps: &Comps, vnode: &str) -> Result<ComponentRef, PlaceError> {
+    pub(super) fn quota_home(&self, comps: &Comps, vnode: &str, at: &At) -> Result<ComponentRef, PlaceError> {
         let mut homes = self.quota_homes.lock().unwrap();
         let kept = homes
             .get(vnode)
             .filter(|h| {
                 comps
                     .values()
-                    .any(|e| e.info.id == h.id && e.info.role == Role::Mem && self.alive(e) && e.info.leaving.is_none())
+                    .any(|e| e.info.id == h.id && e.info.role == Role::Mem && at.alive(e) && e.info.leaving.is_none())
             })
             .cloned();
         let home = match kept {
             Some(h) => h,
             // A new home is not a cordoned one; a kept one stays, as it enforces the quota.
             None => rendezvous(
-                comps.values().filter(|e| self.takes_memory(e)),
+                comps.values().filter(|e| self.takes_memory(e, at)),
                 Role::Mem,
                 &format!("home\0{vnode}"),
             )
@@ -266,9 +270,10 @@ impl Gm {
     /// for: on a loaded host a heartbeat comes late, and the sComponent is still there.
     fn storage_of(&self, vnode: &str) -> Option<ComponentRef> {
         let comps = self.comps();
-        rendezvous(comps.values().filter(|e| self.alive(e)), Role::Storage, vnode).or_else(|| {
+        let at = self.at();
+        rendezvous(comps.values().filter(|e| at.alive(e)), Role::Storage, vnode).or_else(|| {
             rendezvous(
-                comps.values().filter(|e| self.since(e.last) < self.reclaim_dead),
+                comps.values().filter(|e| at.silent(e) < self.reclaim_dead),
                 Role::Storage,
                 vnode,
             )
@@ -281,13 +286,14 @@ impl Gm {
     pub(super) fn pick_net(&self, r: P2G_PICK_NET) -> Result<G2P_NET, Refusal> {
         crate::series::GNM_PLACEMENTS.increment(1);
         let comps = self.comps();
+        let at = self.at();
         let specific =
             r.ip.map(|ip| ip.to_canonical())
                 .filter(|ip| !ip.is_unspecified() && !ip.is_loopback());
         if let Some(ip) = specific {
             let holder = comps
                 .values()
-                .find(|e| e.info.role == Role::Net && self.alive(e) && e.info.nics.contains(&ip));
+                .find(|e| e.info.role == Role::Net && at.alive(e) && e.info.nics.contains(&ip));
             return match holder {
                 Some(e) => Ok(G2P_NET {
                     ncomp: ComponentRef {
@@ -301,7 +307,7 @@ impl Gm {
         if !comps.values().any(|e| e.info.role == Role::Net) {
             return Err(PlaceError::NoNComponent.into());
         }
-        let ncomp = rendezvous(comps.values().filter(|e| self.alive(e)), Role::Net, &r.vnode)
+        let ncomp = rendezvous(comps.values().filter(|e| at.alive(e)), Role::Net, &r.vnode)
             .ok_or(PlaceError::NoNComponentAlive)?;
         Ok(G2P_NET { ncomp })
     }
@@ -311,8 +317,9 @@ impl Gm {
         // A leaving mComponent keeps its files until it wrote them back: two caches of one
         // file at once would each miss the other's writes.
         let comps = self.comps();
+        let at = self.at();
         let mcomp = rendezvous(
-            comps.values().filter(|e| self.alive(e) && !e.files_gone),
+            comps.values().filter(|e| at.alive(e) && !e.files_gone),
             Role::Mem,
             &format!("{}\0{}", r.vnode, r.ino),
         )

@@ -79,9 +79,10 @@ impl Gm {
     }
 
     fn work_out(&self, comps: &Comps) -> View {
+        let at = self.at();
         let mut lost: Vec<LostPcomp> = comps
             .values()
-            .filter(|e| e.info.role == Role::Proc && self.lost(e))
+            .filter(|e| e.info.role == Role::Proc && at.lost(e))
             .filter_map(|e| {
                 Some(LostPcomp {
                     key: e.key?,
@@ -92,7 +93,7 @@ impl Gm {
         lost.extend(self.replaced.current());
         let mut lost_mcomps: Vec<u32> = comps
             .values()
-            .filter(|e| e.info.role == Role::Mem && self.lost(e))
+            .filter(|e| e.info.role == Role::Mem && at.lost(e))
             .map(|e| e.info.id)
             .collect();
         lost_mcomps.extend(self.replaced_mcomps.current());
@@ -105,7 +106,7 @@ impl Gm {
         let (_, vnodes) = self.vnodes.list();
         let mut quotas: std::collections::HashMap<u32, Vec<(String, u64)>> = Default::default();
         for (quota, name) in vnodes.into_iter().filter_map(|v| Some((v.memory?, v.name))) {
-            if let Ok(home) = self.quota_home(comps, &name) {
+            if let Ok(home) = self.quota_home(comps, &name, &at) {
                 quotas.entry(home.id).or_default().push((name, quota));
             }
         }
@@ -115,11 +116,11 @@ impl Gm {
             detached: self.detached.current(),
             memory: comps
                 .values()
-                .filter(|e| self.takes_memory(e))
+                .filter(|e| self.takes_memory(e, &at))
                 .map(|e| e.info.load.capacity)
                 .sum(),
-            leaving: self.leaving_ids(comps),
-            rebalance: self.rebalance_from(comps),
+            leaving: self.leaving_ids(comps, &at),
+            rebalance: self.rebalance_from(comps, &at),
             quotas,
         }
     }
