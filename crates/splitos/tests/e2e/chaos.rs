@@ -480,10 +480,11 @@ fn etcd_members_killed_and_stopped_under_two_managers_fail_no_program_and_rejoin
 }
 
 #[test]
-fn hosts_cut_off_in_turn_fail_no_program_and_the_cluster_settles() {
+fn hosts_cut_off_and_split_apart_in_turn_fail_no_program_and_the_cluster_settles() {
     // The managers, the pComponent and the sComponent on one host, two mComponents on each of
     // two others: a cut of the first parts the programs from all memory, one of the others
-    // from half of it.
+    // from half of it; a split of the first from another parts the programs and the managers
+    // from half the memory while that half still reaches the other.
     let h = Hosts::new(&["a", "b", "c"]);
     let dir = tempfile::tempdir().unwrap();
     let at = |host: &str| format!("listen = \"{}:0\"\nnetns = \"{}\"\n", h.addr(host), h.netns(host));
@@ -504,8 +505,9 @@ fn hosts_cut_off_in_turn_fail_no_program_and_the_cluster_settles() {
     )
     .unwrap();
     let mut args = vec!["--config", config.to_str().unwrap()];
-    // Seed 1 cuts each host off once, for 0.5 to 1.2 s, in its 0.15 minutes.
-    args.extend(["--seed", "1", "--minutes", "0.15", "--faults", "cut-host"]);
+    // Seed 7 cuts each host off once, for 0.6 to 1.1 s, and splits two pairs apart (b from c,
+    // b from a) for 0.5 and 0.7 s, in its 0.15 minutes.
+    args.extend(["--seed", "7", "--minutes", "0.15", "--faults", "cut-host,split-hosts"]);
     for w in ["cpython-threads", "memcached"] {
         args.extend(["--without", w]);
     }
@@ -513,18 +515,48 @@ fn hosts_cut_off_in_turn_fail_no_program_and_the_cluster_settles() {
     let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert!(out.status.success() && r["passed"] == true, "{said}");
     every_run_as_natively(&r, &said);
-    let targets = strings(&r["schedule"], "target");
+    let schedule = r["schedule"].as_array().unwrap();
+    let of = |kind: &'static str| schedule.iter().filter(move |f| f["kind"] == kind);
     for host in ["a", "b", "c"] {
-        assert!(targets.contains(&h.netns(host).as_str()), "{host} cut off: {said}");
+        assert!(
+            of("cut-host").any(|f| f["target"] == h.netns(host).as_str()),
+            "{host} cut off: {said}"
+        );
     }
+    let pairs: Vec<(&str, &str)> = of("split-hosts")
+        .map(|f| (f["target"].as_str().unwrap(), f["to"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        pairs,
+        [
+            (h.netns("b").as_str(), h.netns("c").as_str()),
+            (h.netns("b").as_str(), h.netns("a").as_str())
+        ],
+        "{said}"
+    );
     // Each cut took a link down at this host's end: the bridge's side of the host's veth,
     // named after the hosts' tag.
     let tag = h.netns("a").strip_suffix("-a").unwrap().to_string();
-    for seen in strings(&r["schedule"], "seen") {
+    for seen in of("cut-host").map(|f| f["seen"].as_str().unwrap()) {
         assert!(
             seen.starts_with("cut off for ") && seen.contains(&format!("({tag}o")) && seen.ends_with(" down)"),
             "{seen}"
         );
+    }
+    // Each split had its routes in the hosts' routing tables (one address a host: a route on
+    // each side), none left afterwards.
+    for seen in of("split-hosts").map(|f| f["seen"].as_str().unwrap()) {
+        assert!(
+            seen.starts_with("split from ") && seen.ends_with("(2 of 2 blackhole routes in place)"),
+            "{seen}"
+        );
+    }
+    for host in ["a", "b", "c"] {
+        let routes = Command::new("ip")
+            .args(["-n", &h.netns(host), "route", "show", "type", "blackhole"])
+            .output()
+            .unwrap();
+        assert_eq!(text(&routes.stdout).trim(), "", "{host}'s routes");
     }
     // Healed: every host's link is up again.
     let links = Command::new("ip").args(["-o", "link", "show"]).output().unwrap();

@@ -164,6 +164,30 @@ pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String
             let said = if held_lost { "; held lost" } else { "" };
             Ok(format!("cut off for {} ms ({links} down){said}", f.hold_ms))
         }
+        Kind::SplitHosts => {
+            let other = f.to.as_deref().unwrap_or_default();
+            // The managers stay reachable from here (at most one side is theirs): every
+            // component of both sides is asked whether it is held lost.
+            let addrs: Vec<String> = [f.target.as_str(), other]
+                .iter()
+                .flat_map(|ns| rig.in_netns(ns))
+                .filter(|n| !n.starts_with("gm"))
+                .filter_map(|n| rig.addr_of(&n))
+                .collect();
+            let split = super::hosts::split(&f.target, other)?;
+            let (routes, held) = (split.routes().len(), split.held());
+            let (t0, mut held_lost) = (Instant::now(), false);
+            while t0.elapsed() < hold && !interrupted() {
+                held_lost |= addrs.iter().any(|a| rig.lost(a));
+                std::thread::sleep(Duration::from_millis(100).min(hold.saturating_sub(t0.elapsed())));
+            }
+            split.heal()?;
+            let said = if held_lost { "; held lost" } else { "" };
+            Ok(format!(
+                "split from {other} for {} ms ({held} of {routes} blackhole routes in place){said}",
+                f.hold_ms
+            ))
+        }
         Kind::FullDisk => {
             let filled = rig.disks.fill(&f.target)?;
             std::thread::sleep(hold);

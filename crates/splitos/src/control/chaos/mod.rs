@@ -67,8 +67,8 @@ pub struct ChaosArgs {
     /// detach-mem, kill-gm, stop-gm, swap-placement, stop-proc, kill-proc, resize-excache, swap-policy,
     /// stop-storage, kill-storage, slow-mem, full-disk, stop-net, kill-net, and with three
     /// members or more of the managers' etcd on this host's loopback stop-etcd, kill-etcd,
-    /// and with components in network namespaces cut-host (docs/reliability.md says what each
-    /// does).
+    /// with components in network namespaces cut-host, and with two such hosts or more
+    /// split-hosts (docs/reliability.md says what each does).
     #[arg(long, value_delimiter = ',', value_name = "KIND")]
     pub faults: Vec<Kind>,
     /// Programs running at once.

@@ -71,8 +71,9 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
         ]
         .iter()
         .any(|m| e.contains(m)),
-        // A host cut off past the silence limit is its components lost, whichever they are.
-        Kind::CutHost => [
+        // A host cut off (or parted from another) past the silence limit is its components
+        // lost, whichever they are.
+        Kind::CutHost | Kind::SplitHosts => [
             "mComponent",
             "pComponent",
             "sComponent",
@@ -112,7 +113,7 @@ fn explain(r: &RunRecord, faults: &[Injected], t: &Targets) -> Option<String> {
                 | Kind::SlowMem
                 | Kind::StopEtcd
                 | Kind::KillEtcd => false,
-                Kind::CutHost => held_lost,
+                Kind::CutHost | Kind::SplitHosts => held_lost,
             };
             overlaps && beyond && names(f.fault.kind)
         })

@@ -72,6 +72,9 @@ pub enum Kind {
     /// other for the hold, shorter than the silence limit: its links go down at this host's
     /// end, and what it sends or is sent is lost until they come up again.
     CutHost,
+    /// Part two hosts from each other for the hold, shorter than the silence limit, while
+    /// both reach every other host: each routes the other's addresses into a blackhole.
+    SplitHosts,
 }
 
 /// Eviction and read-ahead policies a pComponent can take while it runs, and placements.
@@ -105,6 +108,7 @@ impl Kind {
             Kind::StopEtcd => "stop-etcd",
             Kind::KillEtcd => "kill-etcd",
             Kind::CutHost => "cut-host",
+            Kind::SplitHosts => "split-hosts",
         }
     }
 
@@ -117,7 +121,7 @@ impl Kind {
             Kind::StopStorage | Kind::KillStorage | Kind::FullDisk => "storage",
             Kind::StopNet | Kind::KillNet => "net",
             Kind::StopEtcd | Kind::KillEtcd => "etcd",
-            Kind::CutHost => "host",
+            Kind::CutHost | Kind::SplitHosts => "host",
         }
     }
 
@@ -133,6 +137,7 @@ impl Kind {
                 | Kind::StopNet
                 | Kind::StopEtcd
                 | Kind::CutHost
+                | Kind::SplitHosts
         )
     }
 
@@ -154,7 +159,7 @@ pub struct Fault {
     /// How long the component stays stopped, dead before it is started again, or changed.
     pub hold_ms: u64,
     /// What a change sets: an ExCache's size in bytes, `EVICTION/PREFETCH`, a placement;
-    /// how a detach ends (`exit`, or `call-off`).
+    /// how a detach ends (`exit`, or `call-off`); the host a split parts the target from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub to: Option<String>,
     /// The quiet time before the fault, while the programs run on.
@@ -228,6 +233,10 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
         (Kind::KillEtcd, 2),
         (Kind::CutHost, 2),
     ]);
+    // Two hosts at least to part.
+    if t.hosts.len() > 1 {
+        kinds.push((Kind::SplitHosts, 2));
+    }
     kinds.retain(|(k, _)| {
         (t.only.is_empty() || t.only.contains(k))
             && (t.api || !k.through_api())
@@ -291,6 +300,10 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
             )),
             Kind::SwapPlacement => Some(PLACEMENTS[rng.random_range(0..PLACEMENTS.len())].to_string()),
             Kind::DetachMem => detach_end.map(String::from),
+            Kind::SplitHosts => {
+                let others: Vec<&String> = t.hosts.iter().filter(|h| **h != target).collect();
+                Some(others[rng.random_range(0..others.len())].clone())
+            }
             _ => None,
         };
         let gap_ms = rng.random_range(500..=4000);
@@ -310,7 +323,7 @@ pub fn draw(seed: u64, ms: u64, t: &Targets) -> Vec<Fault> {
 mod tests {
     use super::*;
 
-    const ALL: [Kind; 21] = [
+    const ALL: [Kind; 22] = [
         Kind::KillMem,
         Kind::StopMem,
         Kind::PauseMem,
@@ -332,6 +345,7 @@ mod tests {
         Kind::StopEtcd,
         Kind::KillEtcd,
         Kind::CutHost,
+        Kind::SplitHosts,
     ];
 
     fn targets(tolerated: bool) -> Targets {
@@ -363,9 +377,9 @@ mod tests {
 
     #[test]
     fn stops_stay_under_the_silence_limit_and_mcomponents_die_only_where_replicas_hold() {
-        let s = draw(1, 600_000, &targets(true));
+        let s = draw(1, 1_200_000, &targets(true));
         for k in ALL {
-            assert!(s.iter().any(|f| f.kind == k), "{k:?} drawn in ten minutes");
+            assert!(s.iter().any(|f| f.kind == k), "{k:?} drawn in twenty minutes");
         }
         assert!(s
             .iter()
@@ -394,6 +408,10 @@ mod tests {
                 }
                 Kind::SwapPlacement => assert!(PLACEMENTS.contains(&to.unwrap())),
                 Kind::DetachMem => assert!(DETACH_ENDS.contains(&to.unwrap())),
+                Kind::SplitHosts => {
+                    let other = to.unwrap();
+                    assert!(other != f.target && ["rack-a", "rack-b"].contains(&other), "{f:?}");
+                }
                 _ => assert_eq!(to, None),
             }
         }
@@ -411,6 +429,13 @@ mod tests {
         assert!(draw(1, 600_000, &bare)
             .iter()
             .all(|f| !f.kind.through_api() && !["storage", "net", "etcd", "host"].contains(&f.kind.target_kind())));
+        // A host alone is cut off, never split from another.
+        let one_host = Targets {
+            hosts: vec!["rack-a".into()],
+            ..targets(true)
+        };
+        let s = draw(1, 600_000, &one_host);
+        assert!(s.iter().any(|f| f.kind == Kind::CutHost) && s.iter().all(|f| f.kind != Kind::SplitHosts));
         // A disk not of the run's own is never filled.
         let theirs = Targets {
             storages: 2,
