@@ -1,12 +1,15 @@
 /* Touches every page of a heap buffer in a random order (a fixed permutation), `rounds`
- * times, writing each: misses without any sequence. Prints a checksum. */
+ * times, writing each: misses without any sequence. Prints a checksum. An optional third
+ * argument pauses that many ms after each round: a job that misses steadily, not flat out. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 int main(int argc, char **argv) {
     size_t pages = (argc > 1 ? strtoul(argv[1], 0, 10) : 16) * 256;
     int rounds = argc > 2 ? atoi(argv[2]) : 2;
+    unsigned pause_ms = argc > 3 ? strtoul(argv[3], 0, 10) : 0;
     unsigned char *a = malloc(pages * 4096);
     uint32_t *perm = malloc(pages * sizeof *perm);
     for (size_t i = 0; i < pages; i++) {
@@ -24,11 +27,14 @@ int main(int argc, char **argv) {
         perm[j] = t;
     }
     uint64_t s = 0;
-    for (int r = 0; r < rounds; r++)
+    for (int r = 0; r < rounds; r++) {
         for (size_t i = 0; i < pages; i++) {
             s = s * 31 + a[(size_t)perm[i] * 4096];
             a[(size_t)perm[i] * 4096] ^= (unsigned char)r;
         }
+        if (pause_ms)
+            usleep(pause_ms * 1000);
+    }
     printf("checksum %llu\n", (unsigned long long)s);
     return 0;
 }
