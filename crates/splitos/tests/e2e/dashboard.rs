@@ -345,12 +345,12 @@ fn a_browser_signs_in_and_sees_a_running_program_live_and_tenants_only_their_own
         br#"{"name": "lab", "memory": "256M"}"#,
     );
     assert_eq!(code, 201, "{body}");
-    // 24 MiB in random order through a 4 MiB ExCache, for much longer than the test: it
-    // misses all along.
+    // 8 MiB in random order through a 4 MiB ExCache, a round every 100 ms or so, for much
+    // longer than the test: it misses all along, at a pace that leaves other tests their CPUs.
     // Started from the cluster's directory, so that the command line it shows (and the
     // screenshot) names no test directory.
     std::fs::copy(program("randpages"), c.dir.path().join("randpages")).unwrap();
-    let mut run = c.cmd(&["run", "--vnode", "lab", "--", "./randpages", "24", "100000"]);
+    let mut run = c.cmd(&["run", "--vnode", "lab", "--", "./randpages", "8", "100000", "100"]);
     let mut job = Job(run
         .current_dir(c.dir.path())
         .stdin(Stdio::null())
@@ -381,7 +381,7 @@ fn a_browser_signs_in_and_sees_a_running_program_live_and_tenants_only_their_own
         jobs_shown(&tab).into_iter().find(|j| j.0 == pid && j.3 > 0.0)
     });
     assert_eq!(vnode, "lab");
-    assert_eq!(command, "./randpages 24 100000");
+    assert_eq!(command, "./randpages 8 100000 100");
     // Its PID column is the process id on its host, as ps shows it, not the cluster's id.
     let os_pid = json(&http(&api, "GET", "/api/v1/jobs", Some(&admin), b"").2)["jobs"][0]["os_pid"].to_string();
     assert_eq!(
