@@ -64,6 +64,9 @@ splitos_metrics::series! {
     pub NO_ROOM: Counter = "mcomp_no_room_total";
     /// As a home: vRegions moved off a full owner to one with room.
     pub VREGIONS_MOVED: Counter = "mcomp_vregions_moved_total";
+    /// As a home: vRegions moved off a member a pComponent could not reach while this home
+    /// could (a path lost between their hosts).
+    pub VREGIONS_MOVED_UNREACHED: Counter = "mcomp_vregions_moved_unreached_total";
     /// As a home: vRegions none of whose members could be reached (the program fails on them).
     pub VREGIONS_UNREACHABLE: Counter = "mcomp_vregions_unreachable_total";
     /// As a home: vRegions given a new member in place of a lost one.

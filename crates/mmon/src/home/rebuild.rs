@@ -53,8 +53,11 @@ impl Refuse for RebuildError {
 impl<P: Peers> Mem<P> {
     /// A pComponent could not reach a replica of the process: once the home finds it
     /// unreachable too (or not holding the process), it leaves the process's sets and is
-    /// rebuilt elsewhere in the background. A member the home still reaches stays: a
-    /// pComponent's word alone takes no copy out of service.
+    /// rebuilt elsewhere in the background. A pComponent's word alone takes no copy out of
+    /// service: from a member the home still reaches (a path lost between the pComponent's
+    /// host and the member's while the managers hear both), the home moves the copy of the
+    /// vRegion the pComponent needs to another member, as for a full one, so that the
+    /// process goes on with as many copies; where no other has room, the member stays.
     pub(crate) fn replica_lost(&self, r: P2M_REPLICA_LOST) -> Result<M2P_VREGIONS, Refusal> {
         let hp = self.home_proc(&r.who)?;
         let member = hp
@@ -67,11 +70,30 @@ impl<P: Peers> Mem<P> {
             .cloned();
         if let Some(o) = member {
             if self.reaches(&o, &r.who) {
-                tracing::warn!(
-                    pid = r.who.pid,
-                    member = r.lost,
-                    "a pComponent cannot reach a replica this home reaches: it stays"
-                );
+                let idx = r.vpn * PAGE / self.vrs();
+                let mut h = lock_home(&hp)?;
+                let holds = h
+                    .vregions
+                    .get(&idx)
+                    .is_some_and(|s| s.owners.iter().any(|m| m.id == o.id));
+                match holds.then(|| self.relocate(&mut h, idx, &o)) {
+                    Some(Ok(())) => {
+                        crate::series::VREGIONS_MOVED_UNREACHED.increment(1);
+                        tracing::warn!(
+                            pid = r.who.pid,
+                            member = r.lost,
+                            vregion = idx,
+                            "a pComponent cannot reach a replica this home reaches: the vRegion it needs moved off it"
+                        );
+                    }
+                    Some(Err(e)) => tracing::warn!(
+                        pid = r.who.pid,
+                        member = r.lost,
+                        error = %e,
+                        "a pComponent cannot reach a replica this home reaches, and the vRegion cannot move: it stays"
+                    ),
+                    None => {}
+                }
             } else {
                 tracing::warn!(pid = r.who.pid, lost = r.lost, "a replica of a process is lost");
                 // The vRegion the pComponent waits for first; the others in the background.

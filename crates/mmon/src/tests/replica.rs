@@ -121,11 +121,11 @@ fn the_survivors_refuse_write_backs_of_an_older_epoch() {
 }
 
 #[test]
-fn a_member_the_home_still_reaches_stays_in_its_sets() {
+fn a_member_only_the_pcomponent_cannot_reach_hands_the_vregion_to_another_whole() {
     let rig = Rig::new(4, Replication::Replica);
     let who = rig.process(1, 1, 2);
-    let before = rig.sets(HOME, &who);
-    let member = ids(&rig.set(HOME, &who, idx(0)))[0];
+    let before = rig.set(HOME, &who, idx(0));
+    let member = ids(&before)[0];
     rig.net.cut(PCOMP, member);
 
     let after = rig
@@ -138,13 +138,27 @@ fn a_member_the_home_still_reaches_stays_in_its_sets() {
             },
         )
         .unwrap();
-    assert_eq!(
-        after.epoch, before.epoch,
-        "a pComponent's word alone takes no copy out of service"
+    let now = rig.set(HOME, &who, idx(0));
+    assert!(now.epoch > before.epoch, "the set changed");
+    assert!(
+        !ids(&now).contains(&member),
+        "the vRegion left the member the pComponent cannot reach"
     );
-    assert!(ids(&rig.set(HOME, &who, idx(0))).contains(&member));
-    rig.run_jobs();
-    assert!(rig.net.calls("M2M_PUT_PAGES").is_empty(), "nothing to rebuild");
+    assert_eq!(
+        now.owners.len(),
+        before.owners.len(),
+        "a pComponent's word alone takes no copy out of service: as many as before"
+    );
+    // Every copy holds what was written, the new one copied from the member left.
+    let current = Who {
+        epoch: after.epoch,
+        ..who.clone()
+    };
+    for o in &now.owners {
+        for p in [0, 5] {
+            assert_eq!(rig.read_from(o.id, &current, vpn(0, p)).unwrap(), content(vpn(0, p), 0));
+        }
+    }
 }
 
 #[test]

@@ -856,6 +856,15 @@ impl Hosts {
         ]);
     }
 
+    /// Parts hosts `a` and `b` from each other (or joins them again) while both reach every
+    /// other host: each routes the other's address into a blackhole, a path lost between them.
+    pub fn split(&self, a: &str, b: &str, on: bool) {
+        for (from, to) in [(a, b), (b, a)] {
+            let (ns, addr) = (self.netns(from), self.addr(to));
+            ip(&["-n", &ns, "route", if on { "add" } else { "del" }, "blackhole", &addr]);
+        }
+    }
+
     /// The processes running in host `name`.
     pub fn pids(&self, name: &str) -> Vec<i32> {
         let out = Command::new("ip")

@@ -513,3 +513,50 @@ fn a_program_started_while_the_only_home_pauses_past_its_loss_starts_there_once_
     let again = c.run(&[], &cmd);
     assert_eq!(text(&again.stdout), native_out, "{}", text(&again.stderr));
 }
+
+/// A path lost between the pComponent's host and the host of a replica, while the managers
+/// hear both and the home reaches it (a gray failure, which chaos's `split-hosts` found when it
+/// held longer): the program's calls to that member fail, and the home, which finds it alive,
+/// moves each vRegion the pComponent needs off it rather than keeping it in the sets. The
+/// program reads its heap back and ends as natively while the split still holds (before, it
+/// was killed: "its home keeps it in the page's set").
+#[test]
+fn a_program_parted_from_a_replica_its_home_still_reaches_ends_as_natively_while_parted() {
+    let h = Hosts::new(&["gm", "p", "m1", "m2", "m3"]);
+    let at = |host: &str| format!("listen = \"{}:0\"\nnetns = \"{}\"\n", h.addr(host), h.netns(host));
+    let cfg = format!(
+        "[cluster]\ngm = \"{}:0\"\nnetns = \"{}\"\nvregion_size = \"4M\"\n[[pcomponent]]\n{}excache = \"4M\"\n[[mcomponent]]\n{}[[mcomponent]]\n{}[[mcomponent]]\n{}",
+        h.addr("gm"),
+        h.netns("gm"),
+        at("p"),
+        at("m1"),
+        at("m2"),
+        at("m3")
+    );
+    let c = TestCluster::up(Some(&cfg));
+    let (child, pid) = spawn_hold(&c, 24);
+    let (home, sets) = home_of(&c, pid);
+    // A host that holds copies of the heap and is not the home's.
+    let host_of = |id: u64| {
+        c.components("mcomponent")
+            .into_iter()
+            .find(|m| m["id"] == id)
+            .and_then(|m| m["addr"].as_str().map(|a| a.split(':').next().unwrap().to_string()))
+            .unwrap()
+    };
+    let parted = ["m1", "m2", "m3"]
+        .into_iter()
+        .find(|m| {
+            !home.starts_with(&format!("{}:", h.addr(m))) && sets.iter().flatten().any(|id| host_of(*id) == h.addr(m))
+        })
+        .unwrap_or_else(|| panic!("a replica's host other than the home's: home {home}, sets {sets:?}"));
+    h.split("p", parted, true);
+    assert_hold_ends_native(child);
+    assert!(
+        mcomp_metric(&c, "splitos_mcomp_vregions_moved_unreached_total") >= 1.0,
+        "the home moved a vRegion off the member the pComponent could not reach"
+    );
+    // Still parted: every member is alive to the managers, none was declared lost.
+    assert!(c.components("mcomponent").iter().all(|m| m["alive"] == true));
+    h.split("p", parted, false);
+}

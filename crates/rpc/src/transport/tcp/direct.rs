@@ -28,6 +28,10 @@ pub(super) fn send_direct(
                 why: e.to_string(),
             })?;
         let _ = c.s.set_read_timeout(Some(timeout));
+        // A peer that stopped reading (a path lost on the way, its packets dropped) fills the
+        // socket's send buffer: without a bound, a large request's write would wait for
+        // TCP to give up, a quarter of an hour, with the program's fault behind it.
+        let _ = c.s.set_write_timeout(Some(timeout));
         d.insert(key.clone(), (c, 1));
     }
     let (conn, next) = d.get_mut(key).expect("inserted above");
