@@ -423,9 +423,9 @@ impl Gm {
         };
         // Taken under the membership's lock, which heartbeats and placements wait for; built
         // after it.
+        let comps = self.comps();
         let at = self.at();
-        let served: Vec<(EbbHome, Vec<EbbServed>)> = self
-            .comps()
+        let served: Vec<(EbbHome, Vec<EbbServed>)> = comps
             .values()
             .filter(|e| at.alive(e) && !e.ebbs.is_empty())
             .map(|e| {
@@ -443,6 +443,7 @@ impl Gm {
                 )
             })
             .collect();
+        drop(comps);
         let own_ebbs = splitos_rpc::messenger::served()
             .into_iter()
             .filter(|s| ebb.is_none_or(|id| id == s.id))
@@ -551,9 +552,9 @@ impl Handler for Gm {
             Msg::M2G_FIND(r) => on(r, |r| {
                 // Only pComponents not lost (a late one is still told): an mComponent has no
                 // other use for it.
+                let comps = self.comps();
                 let at = self.at();
-                let c = self
-                    .comps()
+                let c = comps
                     .values()
                     .find(|e| e.info.id == r.id && e.info.role == Role::Proc && !at.lost(e))
                     .map(|e| ComponentRef {

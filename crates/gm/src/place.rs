@@ -199,13 +199,20 @@ impl Gm {
         // None alive (the managers started again and no heartbeat came yet, or every
         // mComponent is late): the pComponent waits for one, where "no room" would refuse
         // the program.
-        let at = self.at();
-        if !self.comps().values().any(|e| e.info.role == Role::Mem && at.alive(e)) {
-            return Err(PlaceError::NoMComponentAlive.into());
+        {
+            let comps = self.comps();
+            let at = self.at();
+            if !comps.values().any(|e| e.info.role == Role::Mem && at.alive(e)) {
+                return Err(PlaceError::NoMComponentAlive.into());
+            }
         }
         let memory_quota = self.vnodes.quota(&r.vnode);
         let mcomp = match memory_quota {
-            Some(_) => self.quota_home(&self.comps(), &r.vnode, &at)?,
+            Some(_) => {
+                let comps = self.comps();
+                let at = self.at();
+                self.quota_home(&comps, &r.vnode, &at)?
+            }
             None => self.pick_memory(0, &[], Some(r.pcomp))?,
         };
         Ok(G2P_HOME { mcomp, memory_quota })

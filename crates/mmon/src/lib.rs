@@ -121,6 +121,10 @@ pub struct Mem<P = RpcPeers> {
     /// mComponents found unreachable lately: the global managers may still count them
     /// alive for a few heartbeats, and a replica placed there would be lost again.
     lost: Mutex<BTreeMap<u32, std::time::Instant>>,
+    /// Members a pComponent of a process (by pid) could not reach while this home reached
+    /// them, and when it said so: a vRegion moved off one goes to none of them, or it could
+    /// move back and forth between two mComponents of a host parted from the pComponent.
+    unreached: Mutex<BTreeMap<(u64, u32), std::time::Instant>>,
     last_retry: Mutex<std::time::Instant>,
     bcache: Arc<bcache::BufferCache<P>>,
     /// The log of the vRegions this mComponent is the logger of.
@@ -231,6 +235,7 @@ impl<P: Peers> Mem<P> {
             jobs: Mutex::new(jobs),
             rebuilt_pages: AtomicU64::new(0),
             lost: Mutex::new(BTreeMap::new()),
+            unreached: Mutex::new(BTreeMap::new()),
             last_retry: Mutex::new(std::time::Instant::now()),
             bcache: bcache::BufferCache::new(peers, cfg.bcache.0, cfg.readahead.0),
             backup_log: log::BackupLog::new(cfg.backup_log.0),

@@ -62,7 +62,8 @@ splitos_metrics::series! {
     pub REBALANCE_MOVES: Counter = "mcomp_rebalance_moves_total";
     /// As a home: vRegions that could not move or be rebuilt for want of room anywhere.
     pub NO_ROOM: Counter = "mcomp_no_room_total";
-    /// As a home: vRegions moved off a full owner to one with room.
+    /// As a home: vRegions moved off a member (a full owner, one leaving, or one a pComponent
+    /// could not reach) to another.
     pub VREGIONS_MOVED: Counter = "mcomp_vregions_moved_total";
     /// As a home: vRegions moved off a member a pComponent could not reach while this home
     /// could (a path lost between their hosts).

@@ -101,7 +101,7 @@ impl<P: Peers> Mem<P> {
                 .iter()
                 .find_map(|(i, s)| s.owners.iter().find(|o| o.id == full).map(|o| (*i, o.clone())));
             let Some((idx, member)) = found else { continue };
-            match self.relocate(&mut h, idx, &member) {
+            match self.relocate(&mut h, idx, &member, &[]) {
                 Ok(()) => {
                     crate::series::REBALANCE_MOVES.increment(1);
                     tracing::info!(
@@ -140,7 +140,7 @@ impl<P: Peers> Mem<P> {
                 });
             let Some((idx, member)) = found else { break };
             tried.insert(idx);
-            self.relocate(&mut h, idx, &member)?;
+            self.relocate(&mut h, idx, &member, &[])?;
         }
         let mut h = hp.lock().unwrap();
         if let Some(b) = h.backup.clone().filter(|b| leaving.contains(&b.id)) {

@@ -697,7 +697,7 @@ impl<P: Peers> Mem<P> {
             let out_of_memory = |r: &Result<(), Refusal>| matches!(r, Err(err) if err.code == ErrCode::NoMemory);
             if out_of_memory(&r) && self.charges_mappings() {
                 for m in h.members(idx) {
-                    if self.relocate(h, idx, &m).is_ok() {
+                    if self.relocate(h, idx, &m, &[]).is_ok() {
                         r = add(self, h);
                         if !out_of_memory(&r) {
                             break;

@@ -50,6 +50,9 @@ impl Refuse for RebuildError {
     }
 }
 
+/// How long a member a pComponent could not reach is no place for the process's vRegions.
+const UNREACHED_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl<P: Peers> Mem<P> {
     /// A pComponent could not reach a replica of the process: once the home finds it
     /// unreachable too (or not holding the process), it leaves the process's sets and is
@@ -70,13 +73,24 @@ impl<P: Peers> Mem<P> {
             .cloned();
         if let Some(o) = member {
             if self.reaches(&o, &r.who) {
+                let avoid: Vec<u32> = {
+                    let mut unreached = self.unreached.lock().unwrap();
+                    let now = std::time::Instant::now();
+                    unreached.retain(|_, at| now.duration_since(*at) < UNREACHED_FOR);
+                    unreached.insert((r.who.pid, o.id), now);
+                    unreached
+                        .keys()
+                        .filter(|(pid, _)| *pid == r.who.pid)
+                        .map(|(_, m)| *m)
+                        .collect()
+                };
                 let idx = r.vpn * PAGE / self.vrs();
                 let mut h = lock_home(&hp)?;
                 let holds = h
                     .vregions
                     .get(&idx)
                     .is_some_and(|s| s.owners.iter().any(|m| m.id == o.id));
-                match holds.then(|| self.relocate(&mut h, idx, &o)) {
+                match holds.then(|| self.relocate(&mut h, idx, &o, &avoid)) {
                     Some(Ok(())) => {
                         crate::series::VREGIONS_MOVED_UNREACHED.increment(1);
                         tracing::warn!(
@@ -117,7 +131,7 @@ impl<P: Peers> Mem<P> {
                 .and_then(|s| s.owners.iter().find(|o| o.id == r.full))
                 .cloned();
             if let Some(full) = holds {
-                self.relocate(&mut h, idx, &full)?;
+                self.relocate(&mut h, idx, &full, &[])?;
             }
         }
         self.vregions(P2M_VREGIONS { who: r.who })
@@ -125,16 +139,24 @@ impl<P: Peers> Mem<P> {
 
     /// Moves member `full` (out of memory, or leaving) of vRegion `idx`'s set to an
     /// mComponent with room, and releases its copy there.
-    pub(super) fn relocate(&self, h: &mut HomeProc, idx: u64, full: &ComponentRef) -> Result<(), Refusal> {
+    /// Also not to the members in `avoid`.
+    pub(super) fn relocate(
+        &self,
+        h: &mut HomeProc,
+        idx: u64,
+        full: &ComponentRef,
+        avoid: &[u32],
+    ) -> Result<(), Refusal> {
         let set = &h.vregions[&idx];
+        let exclude: Vec<u32> = std::iter::once(full.id).chain(avoid.iter().copied()).collect();
         // A logger's copy comes from its primary, and starts the backup afresh, as a new
         // logger's does after a loss.
         let copied = match set.log.is_some() && set.owners.len() == 2 && set.owners[1].id == full.id {
             true => {
                 let primary = set.owners[0].clone();
-                self.copy_to_new_member(h, idx, &primary, &[full.id], true)?
+                self.copy_to_new_member(h, idx, &primary, &exclude, true)?
             }
-            false => self.copy_to_new_member(h, idx, full, &[full.id], false)?,
+            false => self.copy_to_new_member(h, idx, full, &exclude, false)?,
         };
         let Some((new, moved)) = copied else {
             crate::series::NO_ROOM.increment(1);

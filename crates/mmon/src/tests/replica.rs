@@ -122,7 +122,8 @@ fn the_survivors_refuse_write_backs_of_an_older_epoch() {
 
 #[test]
 fn a_member_only_the_pcomponent_cannot_reach_hands_the_vregion_to_another_whole() {
-    let rig = Rig::new(4, Replication::Replica);
+    // Four members that hold pages beside the home: two in the set, two to move to.
+    let rig = Rig::new(5, Replication::Replica);
     let who = rig.process(1, 1, 2);
     let before = rig.set(HOME, &who, idx(0));
     let member = ids(&before)[0];
@@ -159,6 +160,32 @@ fn a_member_only_the_pcomponent_cannot_reach_hands_the_vregion_to_another_whole(
             assert_eq!(rig.read_from(o.id, &current, vpn(0, p)).unwrap(), content(vpn(0, p), 0));
         }
     }
+    // The member it moved to is cut off from the pComponent too (another mComponent of the
+    // parted host): the vRegion moves on, and not back to the first.
+    let second = *ids(&now).iter().find(|id| !ids(&before).contains(id)).unwrap();
+    rig.net.cut(PCOMP, second);
+    // The managers would pick the first again (picked least often) but for the home's word.
+    let others: Vec<u32> = rig
+        .mems
+        .keys()
+        .copied()
+        .filter(|id| *id != HOME && !ids(&before).contains(id) && *id != second)
+        .collect();
+    for id in &others {
+        rig.net.picks.lock().unwrap().insert(*id, 100);
+    }
+    rig.call(
+        HOME,
+        P2M_REPLICA_LOST {
+            who: current,
+            lost: second,
+            vpn: vpn(0, 0),
+        },
+    )
+    .unwrap();
+    let last = ids(&rig.set(HOME, &who, idx(0)));
+    assert!(!last.contains(&member) && !last.contains(&second), "{last:?}");
+    assert_eq!(last.len(), before.owners.len());
 }
 
 #[test]

@@ -144,7 +144,8 @@ impl Split {
         self.0
             .iter()
             .filter(|(ns, to)| {
-                let table = ip(Some(ns), &["-j", "route", "show", "type", "blackhole"]).unwrap_or_default();
+                let family = if to.contains(':') { "-6" } else { "-4" };
+                let table = ip(Some(ns), &[family, "-j", "route", "show", "type", "blackhole"]).unwrap_or_default();
                 serde_json::from_str::<Vec<Value>>(&table)
                     .unwrap_or_default()
                     .iter()
