@@ -391,7 +391,17 @@ impl RemoteStore {
             let replies = self.node.rpc.call_all_direct(&calls);
             for ((o, copies), r) in members.iter().zip(replies) {
                 if let Err(e) = stored(o, r) {
-                    match self.after(s, o, *copies, "write back", first, e) {
+                    // Named by a page the member holds: the home acts on that page's vRegion
+                    // (the batch's first may be in a set without it).
+                    let vpn = pages
+                        .iter()
+                        .map(|(v, _)| *v)
+                        .find(|v| {
+                            self.set_of(s, *v)
+                                .is_ok_and(|set| set.owners.iter().any(|m| m.id == o.id))
+                        })
+                        .unwrap_or(first);
+                    match self.after(s, o, *copies, "write back", vpn, e) {
                         Next::Again => continue 'again,
                         Next::Waited => {
                             attempts.waited();
