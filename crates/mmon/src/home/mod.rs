@@ -36,6 +36,7 @@ use splitos_core::vma::{Vma, VmaMap};
 mod failover;
 mod leave;
 mod logged;
+mod moves;
 mod rebuild;
 mod vm;
 

@@ -55,14 +55,13 @@ pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String
             // On a loaded host a stop shorter than the silence limit can still outlast it
             // (heartbeats late before it): then the managers gave the component up, as if it
             // had died. They say so only until its next heartbeat, so they are asked meanwhile.
-            let (t0, mut held_lost) = (Instant::now(), false);
-            let ask = |held: &mut bool| *held |= !matches!(f.kind, Kind::StopGm | Kind::StopEtcd) && rig.lost(&addr);
-            while t0.elapsed() < hold {
-                ask(&mut held_lost);
-                std::thread::sleep(Duration::from_millis(100).min(hold.saturating_sub(t0.elapsed())));
-            }
+            let addrs = match f.kind {
+                Kind::StopGm | Kind::StopEtcd => Vec::new(),
+                _ => vec![addr],
+            };
+            let mut held_lost = held_lost_within(rig, &addrs, hold);
             signal(pid, libc::SIGCONT);
-            ask(&mut held_lost);
+            held_lost |= addrs.iter().any(|a| rig.lost(a));
             let said = if held_lost { "; held lost" } else { "" };
             Ok(format!("stopped for {} ms{said}", f.hold_ms))
         }
@@ -155,11 +154,7 @@ pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String
             };
             let cut = super::hosts::cut(&f.target)?;
             let links = cut.names().join(", ");
-            let (t0, mut held_lost) = (Instant::now(), false);
-            while t0.elapsed() < hold && !interrupted() {
-                held_lost |= addrs.iter().any(|a| rig.lost(a));
-                std::thread::sleep(Duration::from_millis(100).min(hold.saturating_sub(t0.elapsed())));
-            }
+            let held_lost = held_lost_within(rig, &addrs, hold);
             cut.heal()?;
             let said = if held_lost { "; held lost" } else { "" };
             Ok(format!("cut off for {} ms ({links} down){said}", f.hold_ms))
@@ -176,11 +171,7 @@ pub(super) fn inject(rig: &Rig, f: &Fault, t: &Targets) -> anyhow::Result<String
                 .collect();
             let split = super::hosts::split(&f.target, other)?;
             let (routes, held) = (split.routes().len(), split.held());
-            let (t0, mut held_lost) = (Instant::now(), false);
-            while t0.elapsed() < hold && !interrupted() {
-                held_lost |= addrs.iter().any(|a| rig.lost(a));
-                std::thread::sleep(Duration::from_millis(100).min(hold.saturating_sub(t0.elapsed())));
-            }
+            let held_lost = held_lost_within(rig, &addrs, hold);
             split.heal()?;
             let said = if held_lost { "; held lost" } else { "" };
             Ok(format!(
@@ -287,6 +278,17 @@ fn target_index(name: &str) -> usize {
 }
 
 /// Whether component `name`'s process is gone, or goes within 10 s.
+/// Whether the managers held any of `addrs` lost, asked every 100 ms for `hold` (less if the
+/// run is interrupted): they say so only until its next heartbeat.
+fn held_lost_within(rig: &Rig, addrs: &[String], hold: Duration) -> bool {
+    let (t0, mut held) = (Instant::now(), false);
+    while t0.elapsed() < hold && !interrupted() {
+        held |= addrs.iter().any(|a| rig.lost(a));
+        std::thread::sleep(Duration::from_millis(100).min(hold.saturating_sub(t0.elapsed())));
+    }
+    held
+}
+
 fn gone(rig: &Rig, name: &str) -> bool {
     let t = Instant::now();
     while rig.pid_of(name).is_some() {
